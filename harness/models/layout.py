@@ -1,0 +1,137 @@
+"""Token batches in the two layouts the models accept: padded ``[B, L]`` and packed ``[1, T]``.
+
+A padded batch holds one document per row, right-padded, with an ``attention_mask``. A packed batch
+holds all documents back to back in one row with int32 ``cu_seqlens`` (document starts, then the
+total length) and ``position_ids`` that restart at 0 for every document. Both carry a
+``loss_mask`` of the same shape as ``input_ids``. Both layouts expose the same per-document view
+(``doc_lengths``) so that models and tests can compare them with running each document alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Layout = Literal["padded", "packed"]
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor  # [B, L] padded, [1, T] packed; int64
+    position_ids: torch.Tensor  # same shape; per-document positions
+    loss_mask: torch.Tensor  # same shape; 1 where a token may be a label/anchor
+    attention_mask: torch.Tensor | None = None  # [B, L] padded only; 1 = real token
+    cu_seqlens: torch.Tensor | None = None  # [N + 1] int32, packed only
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be 2-D [batch, length], got shape {tuple(self.input_ids.shape)}")
+        for name in ("position_ids", "loss_mask", "attention_mask"):
+            value = getattr(self, name)
+            if value is not None and value.shape != self.input_ids.shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(value.shape)} but input_ids has {tuple(self.input_ids.shape)}; "
+                    f"give one {name} entry per token"
+                )
+        if (self.attention_mask is None) == (self.cu_seqlens is None):
+            raise ValueError("give exactly one of attention_mask (padded layout) or cu_seqlens (packed layout)")
+        if self.cu_seqlens is not None:
+            validate_cu_seqlens(self.cu_seqlens, total=self.input_ids.shape[1])
+            if self.input_ids.shape[0] != 1:
+                raise ValueError(
+                    f"a packed batch is one row: input_ids has {self.input_ids.shape[0]} rows with cu_seqlens"
+                )
+
+    @property
+    def layout(self) -> Layout:
+        return "packed" if self.cu_seqlens is not None else "padded"
+
+    @property
+    def doc_lengths(self) -> torch.Tensor:
+        """Length of every document (int64), in row order (padded) or row position (packed)."""
+        if self.cu_seqlens is not None:
+            return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+        return self.attention_mask.long().sum(dim=1)
+
+    @property
+    def num_real_tokens(self) -> int:
+        return int(self.doc_lengths.sum())
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return TokenBatch(
+            input_ids=move(self.input_ids),
+            position_ids=move(self.position_ids),
+            loss_mask=move(self.loss_mask),
+            attention_mask=move(self.attention_mask),
+            cu_seqlens=move(self.cu_seqlens),
+        )
+
+    @staticmethod
+    def from_documents(
+        documents: Sequence[torch.Tensor],
+        layout: Layout,
+        loss_masks: Sequence[torch.Tensor] | None = None,
+        pad_token_id: int = 0,
+    ) -> TokenBatch:
+        """Build a batch from 1-D token tensors (and optional 1-D loss masks of equal length)."""
+        if not documents:
+            raise ValueError("from_documents needs at least one document")
+        if loss_masks is None:
+            loss_masks = [torch.ones_like(doc) for doc in documents]
+        if len(loss_masks) != len(documents):
+            raise ValueError(f"{len(loss_masks)} loss masks for {len(documents)} documents")
+        for i, (doc, mask) in enumerate(zip(documents, loss_masks)):
+            if doc.dim() != 1 or doc.numel() == 0:
+                raise ValueError(f"document {i} must be a non-empty 1-D tensor, got shape {tuple(doc.shape)}")
+            if mask.shape != doc.shape:
+                raise ValueError(
+                    f"loss mask of document {i} has length {mask.numel()} but the document has {doc.numel()} tokens"
+                )
+        lengths = [doc.numel() for doc in documents]
+        if layout == "packed":
+            cu = torch.zeros(len(documents) + 1, dtype=torch.int32)
+            cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+            return TokenBatch(
+                input_ids=torch.cat(list(documents)).long()[None],
+                position_ids=torch.cat([torch.arange(n) for n in lengths])[None],
+                loss_mask=torch.cat(list(loss_masks)).to(torch.int64)[None],
+                cu_seqlens=cu,
+            )
+        if layout != "padded":
+            raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
+        width = max(lengths)
+        input_ids = torch.full((len(documents), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(documents), width), dtype=torch.long)
+        loss_mask = torch.zeros((len(documents), width), dtype=torch.long)
+        for row, (doc, mask) in enumerate(zip(documents, loss_masks)):
+            input_ids[row, : doc.numel()] = doc
+            attention_mask[row, : doc.numel()] = 1
+            loss_mask[row, : doc.numel()] = mask
+        position_ids = torch.arange(width).expand(len(documents), width).clone()
+        return TokenBatch(input_ids, position_ids, loss_mask, attention_mask=attention_mask)
+
+
+def validate_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
+    """Raise a clear error unless ``cu_seqlens`` is 1-D, starts at 0, ends at ``total`` and never decreases."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"cu_seqlens must be int32 (or int64), got {cu_seqlens.dtype}")
+    first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
+    if first != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={first}")
+    if last != total:
+        raise ValueError(
+            f"cu_seqlens must end at the packed length T={total}, got cu_seqlens[-1]={last}"
+        )
+    steps = cu_seqlens[1:] - cu_seqlens[:-1]
+    if bool((steps <= 0).any()):
+        doc = int(torch.nonzero(steps <= 0)[0])
+        raise ValueError(
+            f"cu_seqlens must increase strictly: document {doc} has length {int(steps[doc])} "
+            f"(cu_seqlens[{doc}]={int(cu_seqlens[doc])}, cu_seqlens[{doc + 1}]={int(cu_seqlens[doc + 1])})"
+        )

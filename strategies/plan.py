@@ -1,0 +1,171 @@
+"""The plan of one epoch: its optimizer steps, their micro-batches and their layout.
+
+A plan stores every micro-batch of the epoch in two flat arrays (no Python lists of lists, so a
+902K-sample epoch costs a few MB): ``sample_indices`` is the concatenation of all micro-batches and
+``micro_batch_offsets[m]:micro_batch_offsets[m + 1]`` slices micro-batch ``m`` out of it.
+
+Micro-batches are ordered step-major, then rank, then accumulation micro-step::
+
+    m = (step * world_size + rank) * grad_accum + accum
+
+so a step always owns exactly ``world_size * grad_accum`` consecutive micro-batches. A short final
+step is filled with empty micro-batches (they still join the collective ops); nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Layout = Literal["padded", "packed"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Token budget of one micro-batch, shared by every strategy.
+
+    ``max_tokens`` counts computed token slots: ``rows * padded_len`` for a padded layout, the
+    capacity of the one flat row for a packed layout. ``max_samples`` optionally caps the number of
+    samples (rows, or documents in a packed row).
+    """
+
+    max_tokens: int
+    max_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, (int, np.integer)):
+            raise ValueError(f"Budget.max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise ValueError(
+                f"Budget.max_tokens={self.max_tokens} is smaller than one token; "
+                "set max_tokens to at least the longest sample length"
+            )
+        if self.max_samples is not None and (
+            isinstance(self.max_samples, bool)
+            or not isinstance(self.max_samples, (int, np.integer))
+            or self.max_samples < 1
+        ):
+            raise ValueError(
+                f"Budget.max_samples={self.max_samples!r} must be a positive integer or None"
+            )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch of optimizer steps under one strategy.
+
+    Attributes:
+        strategy: registry name of the strategy that made the plan.
+        layout: ``"padded"`` (each micro-batch is ``rows x max_len``) or ``"packed"`` (each
+            micro-batch is one flat row of whole samples; cu_seqlens from ``lengths``).
+        lengths: int64 length of every sample as the plan uses it (after truncation), indexed by
+            sample index; dropped samples keep their original length here.
+        sample_indices: int64, all micro-batches concatenated (see module docstring for order).
+        micro_batch_offsets: int64, ``num_steps * world_size * grad_accum + 1`` offsets.
+        dropped: int64 indices removed by the ``drop`` oversize policy (empty otherwise).
+        truncated: int64 indices shortened by the ``truncate`` oversize policy.
+    """
+
+    strategy: str
+    layout: Layout
+    lengths: np.ndarray
+    sample_indices: np.ndarray
+    micro_batch_offsets: np.ndarray
+    budget: Budget
+    seed: int
+    epoch: int
+    world_size: int
+    grad_accum: int
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def __post_init__(self) -> None:
+        per_step = self.world_size * self.grad_accum
+        n_micro = len(self.micro_batch_offsets) - 1
+        if n_micro % per_step:
+            raise ValueError(
+                f"plan has {n_micro} micro-batches, not a multiple of world_size*grad_accum={per_step}"
+            )
+
+    # -- shape ---------------------------------------------------------------------------------
+    @property
+    def micro_batches_per_step(self) -> int:
+        return self.world_size * self.grad_accum
+
+    @property
+    def num_micro_batches(self) -> int:
+        """All micro-batch slots, empty ones included."""
+        return len(self.micro_batch_offsets) - 1
+
+    @property
+    def num_steps(self) -> int:
+        return self.num_micro_batches // self.micro_batches_per_step
+
+    def micro_batch_index(self, step: int, rank: int, accum: int) -> int:
+        if not (0 <= step < self.num_steps and 0 <= rank < self.world_size and 0 <= accum < self.grad_accum):
+            raise IndexError(
+                f"(step={step}, rank={rank}, accum={accum}) outside plan of {self.num_steps} steps, "
+                f"world_size={self.world_size}, grad_accum={self.grad_accum}"
+            )
+        return (step * self.world_size + rank) * self.grad_accum + accum
+
+    # -- access --------------------------------------------------------------------------------
+    def micro_batch(self, step: int, rank: int, accum: int) -> np.ndarray:
+        """Sample indices of one micro-batch (possibly empty)."""
+        m = self.micro_batch_index(step, rank, accum)
+        return self.sample_indices[self.micro_batch_offsets[m] : self.micro_batch_offsets[m + 1]]
+
+    def step_micro_batches(self, step: int) -> list[list[np.ndarray]]:
+        """``[rank][accum]`` sample-index arrays of one optimizer step."""
+        return [
+            [self.micro_batch(step, r, a) for a in range(self.grad_accum)] for r in range(self.world_size)
+        ]
+
+    def rank_steps(self, rank: int, start_step: int = 0) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """One rank's view: ``(step, [grad_accum micro-batches])`` from ``start_step`` on (resume)."""
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"rank={rank} outside world_size={self.world_size}")
+        if not 0 <= start_step <= self.num_steps:
+            raise IndexError(f"start_step={start_step} outside plan of {self.num_steps} steps")
+        for step in range(start_step, self.num_steps):
+            yield step, [self.micro_batch(step, rank, a) for a in range(self.grad_accum)]
+
+    # -- vectorised per-micro-batch quantities ------------------------------------------------
+    def micro_batch_sizes(self) -> np.ndarray:
+        """Number of samples in every micro-batch slot."""
+        return np.diff(self.micro_batch_offsets)
+
+    def micro_batch_tokens(self) -> np.ndarray:
+        """Real (non-pad) tokens of every micro-batch slot."""
+        return _segment_reduce(np.add, self.lengths[self.sample_indices], self.micro_batch_offsets)
+
+    def micro_batch_max_length(self) -> np.ndarray:
+        return _segment_reduce(np.maximum, self.lengths[self.sample_indices], self.micro_batch_offsets)
+
+    def micro_batch_slots(self) -> np.ndarray:
+        """Computed token slots of every micro-batch slot.
+
+        Padded: ``rows * max_len``. Packed: the row's capacity ``max_tokens`` (what a static-shape
+        kernel computes; a varlen kernel computes only the real tokens, so for packed plans this
+        is an upper bound on cost and the padding efficiency a lower bound). Empty slots cost 0.
+        """
+        sizes = self.micro_batch_sizes()
+        if self.layout == "packed":
+            return np.where(sizes > 0, self.budget.max_tokens, 0).astype(np.int64)
+        return sizes * self.micro_batch_max_length()
+
+    def seen_indices(self) -> np.ndarray:
+        """All sample indices the epoch visits, in plan order."""
+        return self.sample_indices
+
+
+def _segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``ufunc.reduce`` of each ``values[offsets[i]:offsets[i+1]]``; empty segments give 0."""
+    out = np.zeros(len(offsets) - 1, dtype=np.int64)
+    nonempty = offsets[1:] > offsets[:-1]
+    if values.size and nonempty.any():
+        out[nonempty] = ufunc.reduceat(values.astype(np.int64), offsets[:-1][nonempty])
+    return out

@@ -1,0 +1,30 @@
+"""The plan report: table, figure and markdown from per-strategy metrics."""
+
+import pandas as pd
+import pytest
+
+from analysis.plan_report import metrics_frame, write_plan_report
+
+METRICS = [
+    {"strategy": "sorted", "padding_efficiency": 0.995, "lag1_acf": 0.31, "recurrence": 1.0, "acf": [0.31, 0.2]},
+    {"strategy": "shuffle", "padding_efficiency": 0.45, "lag1_acf": -0.01, "recurrence": 0.0, "acf": [-0.01, 0.0]},
+]
+
+
+def test_report_files_hold_every_strategy(tmp_path):
+    paths = write_plan_report(METRICS, tmp_path)
+    table = pd.read_csv(paths["csv"])
+    assert list(table["strategy"]) == ["sorted", "shuffle"]
+    assert table.loc[0, "padding_efficiency"] == pytest.approx(0.995)
+    assert "acf" not in table.columns  # list-valued metrics stay out of the CSV
+    report = paths["report"].read_text()
+    assert "| sorted | 99.5% |" in report and "| shuffle | 45.0% |" in report
+    assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["figure"].stat().st_size > 10_000
+
+
+def test_bad_metrics_are_named():
+    with pytest.raises(ValueError, match="no plan metrics"):
+        metrics_frame([])
+    with pytest.raises(ValueError, match="'strategy'"):
+        metrics_frame([{"padding_efficiency": 1.0}])

@@ -24,13 +24,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/batchlab-plan --profile chat-902k --max-tokens 16384 --world-size 8 --epochs 2
+	$(VENV)/bin/batchlab-plan --profile chat-902k --max-tokens 16384 --world-size 8 --epochs 2 --report-dir outputs/plan-report
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(PY) benchmarks/plan_speed.py
+	$(PY) benchmarks/plan_speed.py --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

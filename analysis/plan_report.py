@@ -38,6 +38,10 @@ def metrics_frame(metrics: Sequence[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(list(metrics))
     if "strategy" not in frame.columns:
         raise ValueError(f"plan metrics lack the 'strategy' field; fields present: {sorted(frame.columns)}")
+    for column in ("padding_efficiency", "lag1_acf", "recurrence"):
+        if column not in frame.columns:
+            raise ValueError(f"plan metrics lack the {column!r} field; fields present: {sorted(frame.columns)}")
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")  # None (undefined) -> NaN
     first = [c for c in TABLE_COLUMNS if c in frame.columns]
     return frame[first + [c for c in frame.columns if c not in first]]
 
@@ -50,9 +54,10 @@ def plot_tradeoff(frame: pd.DataFrame, path: Path) -> Path:
         color = colors[i % len(colors)]
         efficiency = 100 * row.padding_efficiency
         axes[0].scatter(efficiency, row.recurrence, s=80, color=color, label=row.strategy)
-        axes[0].annotate(row.strategy, (efficiency, row.recurrence), textcoords="offset points", xytext=(6, 4))
+        label_offset = (6, 4) if i % 2 == 0 else (6, -12)  # alternate so neighbouring labels do not overlap
+        axes[0].annotate(row.strategy, (efficiency, row.recurrence), textcoords="offset points", xytext=label_offset)
         axes[1].scatter(efficiency, abs(row.lag1_acf), s=80, color=color)
-        axes[1].annotate(row.strategy, (efficiency, abs(row.lag1_acf)), textcoords="offset points", xytext=(6, 4))
+        axes[1].annotate(row.strategy, (efficiency, abs(row.lag1_acf)), textcoords="offset points", xytext=label_offset)
         acf = getattr(row, "acf", None)
         if isinstance(acf, (list, tuple)) and acf:
             axes[2].plot(range(1, len(acf) + 1), acf, marker="o", color=color, label=row.strategy)
@@ -61,9 +66,13 @@ def plot_tradeoff(frame: pd.DataFrame, path: Path) -> Path:
     axes[1].set(xlabel="padding efficiency (%)", ylabel="|lag-1 ACF| of step mean length",
                 title="Throughput vs length autocorrelation")
     axes[2].axhline(0.0, color="grey", linewidth=0.8)
+    if "steps" in frame.columns and frame["steps"].min() > 0:
+        # 95% band of the ACF of white noise over the shortest series: values inside it are noise.
+        noise = 1.96 / math.sqrt(float(frame["steps"].min()))
+        axes[2].axhspan(-noise, noise, color="grey", alpha=0.15, label="noise band (95%)")
     axes[2].set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length", title="Autocorrelation by lag")
     axes[2].xaxis.set_major_locator(MaxNLocator(integer=True))
-    if axes[2].lines[1:]:
+    if axes[2].lines:
         axes[2].legend()
     axes[0].set_ylim(bottom=0)
     axes[1].set_ylim(bottom=0)

@@ -34,7 +34,7 @@ class CostModel:
         max_tokens: int,
     ) -> np.ndarray:
         """Cost of every micro-batch slot (empty slots cost 0), vectorised."""
-        from .plan import _segment_reduce
+        from .epoch_plan import _segment_reduce
 
         lens = lengths[sample_indices].astype(np.int64)
         sizes = np.diff(micro_batch_offsets)

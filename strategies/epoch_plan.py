@@ -14,7 +14,7 @@ step is filled with empty micro-batches (they still join the collective ops); no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -67,6 +67,8 @@ class Plan:
         micro_batch_offsets: int64, ``num_steps * world_size * grad_accum + 1`` offsets.
         dropped: int64 indices removed by the ``drop`` oversize policy (empty otherwise).
         truncated: int64 indices shortened by the ``truncate`` oversize policy.
+        info: strategy-specific facts about the plan (e.g. ``edges`` of a bucketed plan, the
+            ``oversize`` policy, the ``balance`` settings); plain data, for reports.
     """
 
     strategy: str
@@ -81,6 +83,7 @@ class Plan:
     grad_accum: int
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    info: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         per_step = self.world_size * self.grad_accum
@@ -160,6 +163,37 @@ class Plan:
     def seen_indices(self) -> np.ndarray:
         """All sample indices the epoch visits, in plan order."""
         return self.sample_indices
+
+    # -- checks --------------------------------------------------------------------------------
+    def kept_indices(self) -> np.ndarray:
+        """Indices the epoch must visit: every sample but the dropped ones, ascending."""
+        keep = np.ones(len(self.lengths), dtype=bool)
+        keep[self.dropped] = False
+        return np.flatnonzero(keep).astype(np.int64)
+
+    def exactly_once(self) -> bool:
+        """True when every kept index appears exactly once and no dropped index appears."""
+        n = len(self.lengths)
+        if self.sample_indices.size and (self.sample_indices.min() < 0 or self.sample_indices.max() >= n):
+            return False
+        seen = np.bincount(self.sample_indices, minlength=n)
+        expected = np.ones(n, dtype=np.int64)
+        expected[self.dropped] = 0
+        return bool(np.array_equal(seen, expected))
+
+    def budget_violations(self) -> np.ndarray:
+        """Micro-batch slots that break the budget (empty when the plan is within budget).
+
+        Padded: ``rows * max_len > max_tokens``; packed: ``sum(len) > max_tokens``; both:
+        ``rows > max_samples`` when ``max_samples`` is set.
+        """
+        if self.layout == "packed":
+            over = self.micro_batch_tokens() > self.budget.max_tokens
+        else:
+            over = self.micro_batch_slots() > self.budget.max_tokens
+        if self.budget.max_samples is not None:
+            over |= self.micro_batch_sizes() > self.budget.max_samples
+        return np.flatnonzero(over)
 
 
 def _segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

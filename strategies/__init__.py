@@ -1,0 +1,88 @@
+"""Batching strategies for variable-length data: plan the micro-batches of an epoch from lengths.
+
+Pure numpy (and numba); never imports torch. Every strategy maps ``(lengths, budget, seed, epoch,
+world_size, grad_accum)`` to a :class:`Plan`: the optimizer steps of one epoch, each made of
+``world_size * grad_accum`` micro-batches of sample indices, with a layout (``padded`` or
+``packed``)::
+
+    import numpy as np
+    from strategies import Budget, plan
+
+    lengths = np.array([12, 700, 35, 4096, 80, 512])
+    p = plan(lengths, Budget(8192), strategy="bucketed", seed=0, epoch=0, world_size=2)
+    for step, micro_batches in p.rank_steps(rank=0):        # one rank's view (resume: start_step=)
+        ...
+    p.exactly_once()                                         # every index once this epoch -> True
+
+API:
+
+- ``plan(lengths, budget, strategy="bucketed", seed=0, epoch=0, world_size=1, grad_accum=1,
+  oversize="error", balance=None, **strategy_options) -> Plan``.
+- ``build_strategy(name, **options)`` → a strategy object with
+  ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
+  ``available_strategies()`` → ``["bucketed", "packed", "shuffle", "sorted"]``;
+  ``register_strategy(cls)`` adds one.
+- ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
+  padded, the row capacity packed) and an optional cap on its samples.
+- ``balance``: None or ``RankBalance(cost_model=CostModel(a, b), window_steps=1)`` (or a dict of the
+  same fields): inside every step, micro-batches are placed on ranks (``grad_accum`` each) to
+  minimise the costliest rank under ``a * slots + b * sum(len^2)``; never worse than unbalanced.
+- ``oversize``: what to do with a sample longer than ``max_tokens``: ``"error"`` (default),
+  ``"truncate"`` or ``"drop"``; affected indices land in ``Plan.truncated`` / ``Plan.dropped`` and
+  are logged. Bad input raises before any work (:class:`LengthsError` for lengths, ``ValueError``
+  otherwise), naming the sample index, its value and the fix.
+- ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None)``.
+
+Strategies (DESIGN.md §2), all under the same budget:
+
+- ``sorted``: sort by length (ties by a seeded permutation), greedy fill, shuffle the micro-batch
+  order each epoch. Micro-batch composition never changes between epochs.
+- ``shuffle``: a random permutation each epoch, then the same greedy fill.
+- ``bucketed(num_buckets=32, edges="dp", same_bucket_steps=False)``: shuffle inside each length
+  bucket, fill inside a bucket, shuffle the global micro-batch order; ``same_bucket_steps`` keeps a
+  step's micro-batches in one bucket.
+- ``packed(fit="first"|"best")``: random order, then first-fit/best-fit of whole samples into rows
+  of ``max_tokens`` (layout ``packed``: one flat row per micro-batch, cu_seqlens from the lengths).
+
+Greedy fill (padded layout): a micro-batch grows while ``rows * max_len <= max_tokens`` and
+``rows <= max_samples``. Every kept index appears exactly once per epoch across ranks and
+micro-batches; a short final step gets empty micro-batches. A plan is a pure function of its
+arguments: same ``(seed, epoch)`` → the same plan (random streams from
+``SeedSequence([seed, epoch, purpose])``), so resuming is ``plan(...).rank_steps(rank, start_step)``.
+"""
+
+from .balance import RankBalance
+from .builtin import (
+    DEFAULT_NUM_BUCKETS,
+    BucketedStrategy,
+    PackedStrategy,
+    ShuffleStrategy,
+    SortedStrategy,
+    Strategy,
+)
+from .cost import CostModel
+from .edges import bucket_edges, expected_padded_slots
+from .epoch_plan import Budget, Plan
+from .validate import LengthsError
+from .registry import available_strategies, build_strategy, plan, register_strategy, strategy_options
+
+__all__ = [
+    "Budget",
+    "Plan",
+    "CostModel",
+    "RankBalance",
+    "LengthsError",
+    "plan",
+    "build_strategy",
+    "available_strategies",
+    "register_strategy",
+    "strategy_options",
+    "bucket_edges",
+    "expected_padded_slots",
+    "Strategy",
+    "SortedStrategy",
+    "ShuffleStrategy",
+    "BucketedStrategy",
+    "PackedStrategy",
+    "DEFAULT_NUM_BUCKETS",
+]

@@ -1,0 +1,112 @@
+"""Turn a strategy's micro-batches and their epoch order into a :class:`Plan` (steps, ranks, balance).
+
+Every strategy produces the same intermediate form (:class:`MicroBatches`): the samples grouped by
+micro-batch (``order`` sliced by ``offsets``) and ``sequence``, the micro-batch ids in epoch order.
+Consecutive runs of ``world_size * grad_accum`` ids form the optimizer steps; a short final run is
+spread round-robin over the ranks (rank ``j % world_size``, accumulation slot ``j // world_size``) and
+the remaining slots stay empty. Rank balancing, when asked for, then moves micro-batches between the
+slots of each step. All of it is vectorised numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._random import Purpose, generator
+from .balance import RankBalance, balance_slots
+from .epoch_plan import Budget, Layout, Plan
+from .validate import PreparedLengths
+
+
+@dataclass(frozen=True)
+class MicroBatches:
+    """Micro-batches of one epoch before they are placed on steps and ranks.
+
+    Attributes:
+        order: int64 sample indices, grouped by micro-batch.
+        offsets: int64, ``num_micro_batches + 1`` offsets into ``order``.
+        sequence: int64 micro-batch ids in epoch order (a permutation of ``range(num_micro_batches)``).
+        info: facts for ``Plan.info`` (edges, options).
+    """
+
+    order: np.ndarray
+    offsets: np.ndarray
+    sequence: np.ndarray
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def slot_table(sequence: np.ndarray, world_size: int, grad_accum: int) -> tuple[np.ndarray, int]:
+    """``[steps, world_size * grad_accum]`` micro-batch ids per slot (-1 = empty) and the full steps."""
+    per_step = world_size * grad_accum
+    num_full, remainder = divmod(sequence.size, per_step)
+    num_steps = num_full + (remainder > 0)
+    table = np.full((num_steps, per_step), -1, dtype=np.int64)
+    table[:num_full] = sequence[: num_full * per_step].reshape(num_full, per_step)
+    if remainder:
+        j = np.arange(remainder)
+        table[num_full, (j % world_size) * grad_accum + j // world_size] = sequence[num_full * per_step :]
+    return table, num_full
+
+
+def assemble(
+    strategy: str,
+    layout: Layout,
+    prepared: PreparedLengths,
+    micro: MicroBatches,
+    budget: Budget,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    grad_accum: int,
+    balance: RankBalance | None,
+    oversize: str,
+) -> Plan:
+    """Place micro-batches on steps and ranks (balanced if asked) and build the plan's flat arrays."""
+    table, num_full = slot_table(micro.sequence, world_size, grad_accum)
+    info: dict[str, Any] = {"oversize": oversize, **micro.info}
+    if balance is not None:
+        costs = balance.cost_model.micro_batch_costs(
+            prepared.lengths, micro.order, micro.offsets, layout, budget.max_tokens
+        )
+        table = balance_slots(
+            table, costs, world_size, grad_accum, balance, generator(seed, epoch, Purpose.BALANCE), num_full
+        )
+        info["balance"] = {
+            "a": balance.cost_model.a,
+            "b": balance.cost_model.b,
+            "window_steps": balance.window_steps,
+        }
+    sample_indices, offsets = _flatten(table.reshape(-1), micro.order, micro.offsets)
+    return Plan(
+        strategy=strategy,
+        layout=layout,
+        lengths=prepared.lengths,
+        sample_indices=sample_indices,
+        micro_batch_offsets=offsets,
+        budget=budget,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        dropped=prepared.dropped,
+        truncated=prepared.truncated,
+        info=info,
+    )
+
+
+def _flatten(slots: np.ndarray, order: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gather the samples of every slot (micro-batch id or -1) into flat indices and offsets."""
+    sizes = np.diff(offsets)
+    filled = slots >= 0
+    slot_sizes = np.zeros(slots.size, dtype=np.int64)
+    slot_sizes[filled] = sizes[slots[filled]]
+    new_offsets = np.zeros(slots.size + 1, dtype=np.int64)
+    np.cumsum(slot_sizes, out=new_offsets[1:])
+    # position in `order` of every output sample: the micro-batch's start plus the rank inside it
+    shift = offsets[slots[filled]] - new_offsets[:-1][filled]
+    positions = np.repeat(shift, slot_sizes[filled])
+    positions += np.arange(positions.size, dtype=np.int64)
+    return order[positions], new_offsets

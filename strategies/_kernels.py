@@ -1,0 +1,284 @@
+"""Compiled sequential loops of the planners: greedy padded fill, first/best-fit packing, DP edges.
+
+These are hand-written (and compiled with numba, ``cache=True``) because each is a sequential
+decision procedure with no vectorised numpy form: whether sample i opens a new micro-batch depends on
+every decision before it (greedy fill), which row a sample lands in depends on the fill level of
+every row (first-fit / best-fit), and each DP layer depends on the previous one. A Python loop over
+902K samples takes about a second; compiled, these take milliseconds.
+
+All kernels take and return int64 arrays and never allocate per sample beyond O(n) arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+#: largest row capacity best-fit accepts (its index over free-space values costs ~16 B per token)
+BEST_FIT_MAX_CAPACITY = 1 << 22
+
+
+@njit(cache=True)
+def greedy_fill_padded(
+    lengths_in_order: np.ndarray, group_offsets: np.ndarray, max_tokens: int, max_samples: int
+) -> np.ndarray:
+    """Cut samples (in the given order) into padded micro-batches; return micro-batch offsets.
+
+    A micro-batch grows while ``rows * max_len <= max_tokens`` and ``rows <= max_samples``.
+    ``group_offsets`` splits the order into groups (buckets) that never share a micro-batch; pass
+    ``[0, n]`` for one group. Every sample must be ``<= max_tokens``.
+    """
+    n = lengths_in_order.shape[0]
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    count = 0
+    for g in range(group_offsets.shape[0] - 1):
+        start = group_offsets[g]
+        stop = group_offsets[g + 1]
+        if start == stop:
+            continue
+        rows = 0
+        current_max = 0
+        for i in range(start, stop):
+            length = lengths_in_order[i]
+            new_max = current_max if current_max > length else length
+            if rows > 0 and ((rows + 1) * new_max > max_tokens or rows + 1 > max_samples):
+                count += 1
+                offsets[count] = i
+                rows = 0
+                new_max = length
+            rows += 1
+            current_max = new_max
+        count += 1
+        offsets[count] = stop
+    return offsets[: count + 1].copy()
+
+
+@njit(cache=True)
+def _group_by_bin(bin_of: np.ndarray, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Counting sort of positions by bin (stable): returns (positions grouped by bin, bin offsets)."""
+    n = bin_of.shape[0]
+    offsets = np.zeros(num_bins + 1, dtype=np.int64)
+    for i in range(n):
+        offsets[bin_of[i] + 1] += 1
+    for b in range(num_bins):
+        offsets[b + 1] += offsets[b]
+    cursor = offsets[:-1].copy()
+    grouped = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = bin_of[i]
+        grouped[cursor[b]] = i
+        cursor[b] += 1
+    return grouped, offsets
+
+
+@njit(cache=True)
+def first_fit_packed(
+    lengths_in_order: np.ndarray, capacity: int, max_samples: int, max_bins: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """First-fit of whole samples (in the given order) into rows of ``capacity`` tokens.
+
+    Each sample goes to the lowest-numbered row with room (and fewer than ``max_samples``
+    samples); a segment tree over rows holding the largest free space of each subtree finds that
+    row in O(log rows). ``max_bins`` must bound the number of rows used. Returns the positions
+    grouped by row (in arrival order inside a row) and the row offsets.
+    """
+    n = lengths_in_order.shape[0]
+    size = 1
+    while size < max_bins:
+        size *= 2
+    tree = np.empty(2 * size, dtype=np.int64)
+    tree[size:] = capacity  # every row starts empty; unused rows are simply never reached
+    for node in range(size - 1, 0, -1):
+        tree[node] = capacity
+    samples_in_row = np.zeros(size, dtype=np.int64)
+    bin_of = np.empty(n, dtype=np.int64)
+    used = 0
+    for i in range(n):
+        length = lengths_in_order[i]
+        if tree[1] < length:
+            raise ValueError("first_fit_packed: max_bins is smaller than the rows needed")
+        node = 1
+        while node < size:
+            if tree[2 * node] >= length:
+                node = 2 * node
+            else:
+                node = 2 * node + 1
+        row = node - size
+        bin_of[i] = row
+        if row + 1 > used:
+            used = row + 1
+        samples_in_row[row] += 1
+        if samples_in_row[row] >= max_samples:
+            tree[node] = -1  # full by count
+        else:
+            tree[node] -= length
+        node //= 2
+        while node >= 1:
+            left = tree[2 * node]
+            right = tree[2 * node + 1]
+            tree[node] = left if left > right else right
+            node //= 2
+    return _group_by_bin(bin_of, used)
+
+
+@njit(cache=True)
+def _first_nonempty_at_or_after(tree: np.ndarray, size: int, start: int) -> int:
+    """Smallest leaf index >= start whose count is > 0 in a count segment tree, or -1."""
+    node = start + size
+    if tree[node] > 0:
+        return start
+    while node > 1:
+        if node % 2 == 0 and tree[node + 1] > 0:
+            node += 1
+            while node < size:
+                node = 2 * node if tree[2 * node] > 0 else 2 * node + 1
+            return node - size
+        node //= 2
+    return -1
+
+
+@njit(cache=True)
+def _tree_add(tree: np.ndarray, size: int, leaf: int, delta: int) -> None:
+    node = leaf + size
+    while node >= 1:
+        tree[node] += delta
+        node //= 2
+
+
+@njit(cache=True)
+def best_fit_packed(
+    lengths_in_order: np.ndarray, capacity: int, max_samples: int, max_bins: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Best-fit of whole samples (in the given order) into rows of ``capacity`` tokens.
+
+    Each sample goes to the open row with the least free space that still holds it. Rows are kept
+    in one stack per free-space value; a count segment tree over free-space values (0..capacity)
+    finds the smallest value >= the sample's length in O(log capacity). Memory grows with the
+    capacity (about 16 bytes per token of capacity), hence ``BEST_FIT_MAX_CAPACITY``. Returns the positions
+    grouped by row and the row offsets, like :func:`first_fit_packed`.
+    """
+    n = lengths_in_order.shape[0]
+    size = 1
+    while size < capacity + 1:
+        size *= 2
+    tree = np.zeros(2 * size, dtype=np.int32)  # counts of rows per free-space value
+    head = np.full(capacity + 1, -1, dtype=np.int64)  # top row of the stack for each free space
+    next_row = np.empty(max_bins, dtype=np.int64)
+    free = np.empty(max_bins, dtype=np.int64)
+    samples_in_row = np.zeros(max_bins, dtype=np.int64)
+    bin_of = np.empty(n, dtype=np.int64)
+    used = 0
+    for i in range(n):
+        length = lengths_in_order[i]
+        space = _first_nonempty_at_or_after(tree, size, length)
+        if space < 0:
+            if used >= max_bins:
+                raise ValueError("best_fit_packed: max_bins is smaller than the rows needed")
+            row = used
+            used += 1
+            free[row] = capacity
+        else:
+            row = head[space]
+            head[space] = next_row[row]
+            _tree_add(tree, size, space, -1)
+        bin_of[i] = row
+        free[row] -= length
+        samples_in_row[row] += 1
+        if free[row] > 0 and samples_in_row[row] < max_samples:
+            next_row[row] = head[free[row]]
+            head[free[row]] = row
+            _tree_add(tree, size, free[row], 1)
+    return _group_by_bin(bin_of, used)
+
+
+@njit(cache=True)
+def _dp_layer(
+    previous: np.ndarray,
+    current: np.ndarray,
+    choice: np.ndarray,
+    values: np.ndarray,
+    cumulative: np.ndarray,
+    lo: int,
+    hi: int,
+    opt_lo: int,
+    opt_hi: int,
+) -> None:
+    """Divide-and-conquer optimisation of one DP layer over ends ``lo..hi`` (iterative stack).
+
+    ``current[j] = min_{i < j} previous[i] + values[j - 1] * (cumulative[j] - cumulative[i])``.
+    The cost is Monge (``(v_d - v_c)(N_b - N_a) >= 0``), so the best split is monotone in ``j``
+    and each level of the recursion scans O(V) candidates: O(V log V) per layer, exact in int64.
+    """
+    stack = np.empty((64, 4), dtype=np.int64)
+    top = 0
+    stack[0, 0] = lo
+    stack[0, 1] = hi
+    stack[0, 2] = opt_lo
+    stack[0, 3] = opt_hi
+    top = 1
+    big = np.iinfo(np.int64).max
+    while top > 0:
+        top -= 1
+        a = stack[top, 0]
+        b = stack[top, 1]
+        oa = stack[top, 2]
+        ob = stack[top, 3]
+        if a > b:
+            continue
+        mid = (a + b) // 2
+        best = big
+        best_i = oa
+        last = ob if ob < mid - 1 else mid - 1
+        upper = values[mid - 1]
+        for i in range(oa, last + 1):
+            if previous[i] == big:
+                continue
+            cost = previous[i] + upper * (cumulative[mid] - cumulative[i])
+            if cost < best:
+                best = cost
+                best_i = i
+        current[mid] = best
+        choice[mid] = best_i
+        stack[top, 0] = a
+        stack[top, 1] = mid - 1
+        stack[top, 2] = oa
+        stack[top, 3] = best_i
+        top += 1
+        stack[top, 0] = mid + 1
+        stack[top, 1] = b
+        stack[top, 2] = best_i
+        stack[top, 3] = ob
+        top += 1
+
+
+@njit(cache=True)
+def dp_bucket_edges(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> tuple[np.ndarray, int]:
+    """Upper edges (indices into ``values``) minimising ``sum(count * bucket upper edge)``.
+
+    ``values`` are the distinct lengths (ascending), ``counts`` their multiplicities. Uses exactly
+    ``min(num_buckets, len(values))`` buckets (splitting a bucket never costs more). Returns the
+    index of each bucket's largest value and the optimal cost.
+    """
+    num_values = values.shape[0]
+    buckets = num_buckets if num_buckets < num_values else num_values
+    cumulative = np.zeros(num_values + 1, dtype=np.int64)
+    for j in range(num_values):
+        cumulative[j + 1] = cumulative[j] + counts[j]
+    big = np.iinfo(np.int64).max
+    choice = np.zeros((buckets + 1, num_values + 1), dtype=np.int64)
+    previous = np.full(num_values + 1, big, dtype=np.int64)
+    previous[0] = 0
+    current = np.full(num_values + 1, big, dtype=np.int64)
+    for k in range(1, buckets + 1):
+        current[:] = big
+        # with k buckets the end j ranges over k..num_values, the previous end over k-1..j-1
+        _dp_layer(previous, current, choice[k], values, cumulative, k, num_values, k - 1, num_values - 1)
+        previous, current = current, previous
+    edges = np.empty(buckets, dtype=np.int64)
+    j = num_values
+    for k in range(buckets, 0, -1):
+        edges[k - 1] = j - 1
+        j = choice[k, j]
+    return edges, previous[num_values]

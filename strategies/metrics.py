@@ -1,0 +1,264 @@
+"""Metrics of a plan (DESIGN.md §3), computed from the plan alone — no training, no torch.
+
+Everything is vectorised over the flat ``Plan`` arrays, so a 902K-sample epoch takes well under a
+second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m``):
+
+- **padding_efficiency** = real tokens / computed slots, summed over the epoch
+  (``Plan.micro_batch_tokens`` / ``Plan.micro_batch_slots``: ``rows * max_len`` for a padded
+  micro-batch, ``max_tokens`` for a packed row). ``padding_ratio`` = 1 - that.
+- **micro_batches** = non-empty micro-batches; **empty_micro_batches** = the empty slots that fill
+  a short final step; **steps** = optimizer steps. **budget_violations** = micro-batches over the
+  budget (``Plan.budget_violations``); **max_micro_batch_slots** = the largest computed slots.
+- **acf** = autocorrelation of ``x_t`` = mean sample length of optimizer step ``t`` (all ranks and
+  accumulation micro-batches of the step together), at lags ``1..acf_lags``, with the usual
+  estimator ``r_k = sum_t (x_t - mean)(x_{t+k} - mean) / sum_t (x_t - mean)^2``. NaN when the
+  series is constant or shorter than ``k + 1``. ``lag1_acf`` = ``acf[0]``.
+- **recurrence** (needs the plan of the next epoch) = among pairs of samples that share a
+  micro-batch in epoch ``e``, the fraction that share one again in epoch ``e + 1``. Pairs are
+  counted per group, never enumerated: ``sum_g C(n_g, 2)`` over groups of equal micro-batch in
+  ``e`` (denominator) and of equal (micro-batch in ``e``, micro-batch in ``e + 1``) (numerator).
+  Samples missing from either plan (dropped) are left out. NaN when no pair shares a
+  micro-batch in ``e``. Sorted ~ 1, shuffle ~ 0.
+- **length_mix_kl** = mean over steps of ``KL(p_t || q) = sum_b p_t[b] log(p_t[b] / q[b])``, where
+  ``q`` is the histogram of all planned lengths over ``mix_bins`` quantile bins of those lengths
+  and ``p_t`` that of step ``t``'s samples. A step's samples are a subset of the dataset, so
+  ``q[b] > 0`` wherever ``p_t[b] > 0``: the divergence is finite without any smoothing epsilon
+  (bins with ``p_t[b] = 0`` contribute 0). Tied quantiles are merged, so there may be fewer bins.
+  A step of ``n`` random samples still scores about ``(bins - 1) / (2 n)``; the same computation
+  with the plan's samples randomly reassigned to steps of the same sizes (fixed seed 0) is
+  reported as ``length_mix_kl_random`` for reference.
+- **rank_imbalance** = mean over steps of ``max_r C[t, r] / mean_r C[t, r]``, where ``C[t, r]`` is
+  the summed ``CostModel`` cost of rank ``r``'s micro-batches in step ``t``; ``rank_imbalance_max``
+  is the worst step. 1.0 is perfect balance (always, for ``world_size = 1``).
+- **step_cost** = ``sum_t max_r C[t, r]``: estimated time of the epoch when every step waits for its
+  slowest rank (cost-model units). **ideal_cost** = ``a * sum(len) + b * sum(len^2)`` over the
+  planned samples: the same work with no padding, documents attending only to themselves.
+  **relative_step_cost** = ``world_size * step_cost / ideal_cost`` >= 1: how much longer the epoch
+  takes than perfectly packed, perfectly balanced work spread over the ranks.
+- **samples_seen_once** = True when every sample index appears exactly once in the plan, except
+  the dropped ones which appear zero times; ``missing_samples`` / ``repeated_samples`` count the
+  violations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cost import CostModel
+from .epoch_plan import Plan
+
+
+def step_of_positions(plan: Plan) -> np.ndarray:
+    """Optimizer step of every entry of ``plan.sample_indices``."""
+    step_of_micro_batch = np.arange(plan.num_micro_batches, dtype=np.int64) // plan.micro_batches_per_step
+    return np.repeat(step_of_micro_batch, plan.micro_batch_sizes())
+
+
+def step_mean_lengths(plan: Plan) -> np.ndarray:
+    """Mean sample length of every optimizer step that has at least one sample."""
+    steps = step_of_positions(plan)
+    lengths = plan.lengths[plan.sample_indices].astype(np.float64)
+    tokens = np.bincount(steps, weights=lengths, minlength=plan.num_steps)
+    counts = np.bincount(steps, minlength=plan.num_steps)
+    nonempty = counts > 0
+    return tokens[nonempty] / counts[nonempty]
+
+
+def autocorrelation(series: np.ndarray, lags: int) -> np.ndarray:
+    """Sample autocorrelation of ``series`` at lags ``1..lags`` (NaN where undefined).
+
+    Written out (a few numpy lines) rather than taken from statsmodels, which batchlab does not
+    otherwise need; it is the same biased estimator as ``statsmodels.tsa.stattools.acf``.
+    """
+    values = np.asarray(series, dtype=np.float64)
+    centred = values - values.mean() if values.size else values
+    denominator = float(np.dot(centred, centred))
+    result = np.full(lags, np.nan)
+    if denominator <= 0.0:
+        return result
+    for lag in range(1, min(lags, values.size - 1) + 1):
+        result[lag - 1] = float(np.dot(centred[:-lag], centred[lag:])) / denominator
+    return result
+
+
+def sample_micro_batch(plan: Plan) -> np.ndarray:
+    """Micro-batch index of every sample (``-1`` for samples the plan does not contain)."""
+    owner = np.full(len(plan.lengths), -1, dtype=np.int64)
+    micro_batch_of_position = np.repeat(
+        np.arange(plan.num_micro_batches, dtype=np.int64), plan.micro_batch_sizes()
+    )
+    owner[plan.sample_indices] = micro_batch_of_position
+    return owner
+
+
+def _pairs(group_sizes: np.ndarray) -> int:
+    sizes = group_sizes.astype(np.int64)
+    return int((sizes * (sizes - 1) // 2).sum())
+
+
+def composition_recurrence(plan: Plan, next_epoch_plan: Plan) -> tuple[float, int]:
+    """Fraction of sample pairs sharing a micro-batch in ``plan`` that share one again in the next.
+
+    Returns:
+        ``(recurrence, pairs)``: the fraction (NaN when ``pairs == 0``) and the number of pairs
+        that share a micro-batch in ``plan``.
+    """
+    if len(plan.lengths) != len(next_epoch_plan.lengths):
+        raise ValueError(
+            f"recurrence needs two plans of the same dataset: this plan has {len(plan.lengths)} samples, "
+            f"next_epoch_plan has {len(next_epoch_plan.lengths)}; plan both epochs from the same lengths"
+        )
+    first = sample_micro_batch(plan)
+    second = sample_micro_batch(next_epoch_plan)
+    both = (first >= 0) & (second >= 0)
+    first, second = first[both], second[both]
+    if first.size == 0:
+        return float("nan"), 0
+    pairs_first = _pairs(np.bincount(first))
+    joint_key = first * np.int64(next_epoch_plan.num_micro_batches) + second
+    _, joint_counts = np.unique(joint_key, return_counts=True)
+    pairs_both = _pairs(joint_counts)
+    if pairs_first == 0:
+        return float("nan"), 0
+    return pairs_both / pairs_first, pairs_first
+
+
+def _mean_step_kl(steps: np.ndarray, bins: np.ndarray, num_steps: int, num_bins: int, dataset: np.ndarray) -> float:
+    counts = np.bincount(steps * num_bins + bins, minlength=num_steps * num_bins).reshape(num_steps, num_bins)
+    totals = counts.sum(axis=1)
+    counts = counts[totals > 0].astype(np.float64)
+    step_hist = counts / counts.sum(axis=1, keepdims=True)
+    ratio = np.divide(step_hist, dataset[None, :], out=np.ones_like(step_hist), where=step_hist > 0)
+    return float((step_hist * np.log(ratio)).sum(axis=1).mean())
+
+
+def length_mix_divergence(plan: Plan, mix_bins: int = 16) -> tuple[float, float]:
+    """Mean over steps of KL(step length histogram || dataset histogram), quantile bins.
+
+    Returns:
+        ``(kl, kl_random)``: the plan's value and the value for the same step sizes filled with
+        randomly reassigned samples (seed 0), the level a fully random batching reaches.
+    """
+    lengths = plan.lengths[plan.sample_indices]
+    if lengths.size == 0:
+        return float("nan"), float("nan")
+    inner = np.quantile(lengths, np.linspace(0.0, 1.0, mix_bins + 1)[1:-1]) if mix_bins > 1 else np.zeros(0)
+    edges = np.unique(inner)
+    bins = np.searchsorted(edges, lengths, side="right")
+    num_bins = len(edges) + 1
+    dataset = np.bincount(bins, minlength=num_bins) / lengths.size
+    steps = step_of_positions(plan)
+    kl = _mean_step_kl(steps, bins, plan.num_steps, num_bins, dataset)
+    shuffled_bins = bins[np.random.default_rng(0).permutation(bins.size)]
+    kl_random = _mean_step_kl(steps, shuffled_bins, plan.num_steps, num_bins, dataset)
+    return kl, kl_random
+
+
+def rank_costs(plan: Plan, cost_model: CostModel) -> np.ndarray:
+    """``[steps, world_size]`` cost of each rank's micro-batches (accumulation summed) per step."""
+    costs = cost_model.micro_batch_costs(
+        plan.lengths, plan.sample_indices, plan.micro_batch_offsets, plan.layout, plan.budget.max_tokens
+    )
+    return costs.reshape(plan.num_steps, plan.world_size, plan.grad_accum).sum(axis=2)
+
+
+def exactly_once(plan: Plan) -> tuple[bool, int, int]:
+    """Exactly-once check: ``(ok, missing_samples, repeated_samples)``.
+
+    Every index must appear once, except dropped indices, which must not appear at all. Indices
+    outside ``[0, len(lengths))`` count as repeated (they are never valid).
+    """
+    size = len(plan.lengths)
+    indices = plan.sample_indices
+    in_range = (indices >= 0) & (indices < size)
+    out_of_range = int((~in_range).sum())
+    counts = np.bincount(indices[in_range], minlength=size)
+    expected = np.ones(size, dtype=np.int64)
+    expected[plan.dropped] = 0
+    missing = int(np.maximum(expected - counts, 0).sum())
+    repeated = int(np.maximum(counts - expected, 0).sum()) + out_of_range
+    return missing == 0 and repeated == 0, missing, repeated
+
+
+def plan_metrics(
+    plan: Plan,
+    next_epoch_plan: Plan | None = None,
+    acf_lags: int = 8,
+    cost_model: CostModel | None = None,
+    mix_bins: int = 16,
+) -> dict[str, Any]:
+    """All plan metrics of the module docstring, as a JSON-ready dict (NaN where undefined).
+
+    Args:
+        plan: the plan of epoch ``e``.
+        next_epoch_plan: the plan of epoch ``e + 1`` (same dataset); without it ``recurrence`` is NaN.
+        acf_lags: number of autocorrelation lags (>= 1).
+        cost_model: cost of a micro-batch; default ``CostModel()``.
+        mix_bins: number of quantile bins for the length-mix divergence (>= 1).
+    """
+    if isinstance(acf_lags, bool) or not isinstance(acf_lags, (int, np.integer)) or acf_lags < 1:
+        raise ValueError(f"acf_lags={acf_lags!r} must be an integer >= 1")
+    if isinstance(mix_bins, bool) or not isinstance(mix_bins, (int, np.integer)) or mix_bins < 1:
+        raise ValueError(f"mix_bins={mix_bins!r} must be an integer >= 1")
+    cost_model = cost_model or CostModel()
+
+    sizes = plan.micro_batch_sizes()
+    slots = plan.micro_batch_slots()
+    planned_lengths = plan.lengths[plan.sample_indices].astype(np.int64)
+    real_tokens = int(planned_lengths.sum())
+    computed_slots = int(slots.sum())
+    efficiency = real_tokens / computed_slots if computed_slots else float("nan")
+
+    acf = autocorrelation(step_mean_lengths(plan), acf_lags)
+    if next_epoch_plan is not None:
+        recurrence, recurrence_pairs = composition_recurrence(plan, next_epoch_plan)
+    else:
+        recurrence, recurrence_pairs = float("nan"), 0
+    mix_kl, mix_kl_random = length_mix_divergence(plan, mix_bins)
+
+    per_rank = rank_costs(plan, cost_model)
+    rank_mean = per_rank.mean(axis=1)
+    rank_max = per_rank.max(axis=1)
+    active = rank_mean > 0
+    imbalance = rank_max[active] / rank_mean[active]
+    step_cost = float(rank_max.sum())
+    ideal_cost = float(cost_model.a * real_tokens + cost_model.b * float((planned_lengths.astype(np.float64) ** 2).sum()))
+    seen_once, missing, repeated = exactly_once(plan)
+
+    return {
+        "strategy": plan.strategy,
+        "layout": plan.layout,
+        "epoch": int(plan.epoch),
+        "world_size": int(plan.world_size),
+        "grad_accum": int(plan.grad_accum),
+        "max_tokens": int(plan.budget.max_tokens),
+        "samples": int(len(plan.lengths)),
+        "samples_planned": int(plan.sample_indices.size),
+        "dropped": int(plan.dropped.size),
+        "truncated": int(plan.truncated.size),
+        "real_tokens": real_tokens,
+        "computed_slots": computed_slots,
+        "padding_efficiency": float(efficiency),
+        "padding_ratio": float(1.0 - efficiency),
+        "micro_batches": int((sizes > 0).sum()),
+        "empty_micro_batches": int((sizes == 0).sum()),
+        "steps": int(plan.num_steps),
+        "max_micro_batch_slots": int(slots.max()) if slots.size else 0,
+        "budget_violations": int(plan.budget_violations().size),
+        "lag1_acf": float(acf[0]),
+        "acf": [float(value) for value in acf],
+        "recurrence": float(recurrence),
+        "recurrence_pairs": int(recurrence_pairs),
+        "length_mix_kl": mix_kl,
+        "length_mix_kl_random": mix_kl_random,
+        "rank_imbalance": float(imbalance.mean()) if imbalance.size else float("nan"),
+        "rank_imbalance_max": float(imbalance.max()) if imbalance.size else float("nan"),
+        "step_cost": step_cost,
+        "ideal_cost": ideal_cost,
+        "relative_step_cost": plan.world_size * step_cost / ideal_cost if ideal_cost > 0 else float("nan"),
+        "samples_seen_once": bool(seen_once),
+        "missing_samples": missing,
+        "repeated_samples": repeated,
+    }

@@ -1,0 +1,85 @@
+"""Strategies by name (for Hydra configs and the command line) and the one-call :func:`plan`.
+
+``build_strategy("bucketed", num_buckets=32)`` returns a configured strategy object; unknown names
+and unknown or bad options are refused with the list of what is accepted. New strategies can be
+added with :func:`register_strategy`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from .balance import RankBalance
+from .builtin import BUILTIN_STRATEGIES, Strategy
+from .epoch_plan import Budget, Plan
+
+_REGISTRY: dict[str, type[Strategy]] = dict(BUILTIN_STRATEGIES)
+
+
+def available_strategies() -> list[str]:
+    """Registered strategy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Register a :class:`Strategy` subclass under its ``name`` (usable as a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)) or not cls.name:
+        raise ValueError(f"{cls!r} must be a Strategy subclass with a non-empty `name`")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"a strategy named {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategy_options(name: str) -> list[str]:
+    """Option names accepted by a strategy."""
+    return [f.name for f in fields(_strategy_class(name))]
+
+
+def _strategy_class(name: Any) -> type[Strategy]:
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; known strategies: {', '.join(available_strategies())}")
+    return _REGISTRY[name]
+
+
+def build_strategy(name: str, **options: Any) -> Strategy:
+    """A configured strategy by registry name; options are the strategy's fields."""
+    cls = _strategy_class(name)
+    allowed = [f.name for f in fields(cls)]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        accepted = ", ".join(allowed) if allowed else "none"
+        raise ValueError(f"strategy {name!r} has no option(s) {unknown}; its options: {accepted}")
+    return cls(**options)
+
+
+def plan(
+    lengths: Any,
+    budget: Budget | int,
+    strategy: str | Strategy = "bucketed",
+    seed: int = 0,
+    epoch: int = 0,
+    world_size: int = 1,
+    grad_accum: int = 1,
+    oversize: str = "error",
+    balance: RankBalance | dict[str, Any] | None = None,
+    **strategy_options: Any,
+) -> Plan:
+    """Plan one epoch with a strategy given by name (plus its options) or as an object.
+
+    See :meth:`Strategy.plan` for the arguments; ``strategy_options`` go to :func:`build_strategy`.
+    """
+    if isinstance(strategy, Strategy):
+        if strategy_options:
+            raise ValueError(
+                f"options {sorted(strategy_options)} given with a strategy object; set them on the object "
+                "or pass the strategy by name"
+            )
+        chosen = strategy
+    else:
+        chosen = build_strategy(strategy, **strategy_options)
+    return chosen.plan(
+        lengths, budget, seed=seed, epoch=epoch, world_size=world_size, grad_accum=grad_accum,
+        oversize=oversize, balance=balance,
+    )

@@ -1,0 +1,233 @@
+"""The ``batchlab-plan`` command: every input format, its JSON and table output, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from harness.cli.plan import main
+from harness.data.profiles import lognormal_lengths
+
+ALL_STRATEGIES = {"bucketed", "packed", "shuffle", "sorted"}
+REQUIRED_FIELDS = {
+    "strategy",
+    "padding_efficiency",
+    "micro_batches",
+    "steps",
+    "lag1_acf",
+    "recurrence",
+    "rank_imbalance",
+    "plan_seconds",
+    "samples_seen_once",
+}
+MAX_TOKENS = 2048
+# 3,000 small lognormal lengths (median 120, cap 1,024): enough for every strategy to differ.
+LENGTHS = lognormal_lengths(3000, median=120.0, sigma=1.0, min_length=4, max_length=1024, seed=7)
+BASE_ARGS = ["--max-tokens", str(MAX_TOKENS), "--world-size", "2", "--epochs", "2", "--json"]
+
+
+def write_all_formats(root: Path) -> dict[str, str]:
+    """The same lengths in every supported file format."""
+    import datasets
+
+    token_lists = [[1] * int(n) for n in LENGTHS]
+    datasets.Dataset.from_dict({"input_ids": token_lists}).save_to_disk(str(root / "hf"))
+    pq.write_table(pa.table({"input_ids": token_lists, "id": np.arange(LENGTHS.size)}), root / "data.parquet")
+    with open(root / "data.jsonl", "w") as handle:
+        for index, n in enumerate(LENGTHS):
+            handle.write(json.dumps({"id": index, "length": int(n)}) + "\n")
+    np.save(root / "data.npy", LENGTHS)
+    (root / "data.txt").write_text("\n".join(str(int(n)) for n in LENGTHS) + "\n")
+    return {
+        "hf": str(root / "hf"),
+        "parquet": str(root / "data.parquet"),
+        "jsonl": str(root / "data.jsonl"),
+        "npy": str(root / "data.npy"),
+        "txt": str(root / "data.txt"),
+    }
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    return write_all_formats(tmp_path_factory.mktemp("formats"))
+
+
+def run_json(capsys, argv: list[str]) -> list[dict]:
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    return json.loads(captured.out)
+
+
+def by_strategy(rows: list[dict]) -> dict[str, dict]:
+    return {row["strategy"]: row for row in rows}
+
+
+@pytest.fixture(scope="module")
+def npy_rows(sources) -> dict[str, dict]:
+    """JSON rows of all strategies on the .npy copy (computed once for several checks)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--lengths", sources["npy"], *BASE_ARGS]) == 0
+    return by_strategy(json.loads(out.getvalue()))
+
+
+def test_json_has_every_strategy_and_the_required_fields(npy_rows):
+    assert set(npy_rows) == ALL_STRATEGIES
+    for row in npy_rows.values():
+        assert REQUIRED_FIELDS <= set(row), REQUIRED_FIELDS - set(row)
+        assert row["samples_seen_once"] is True
+        assert row["budget_violations"] == 0
+        assert row["samples"] == LENGTHS.size
+        assert row["real_tokens"] == int(LENGTHS.sum())
+        assert 0.0 < row["padding_efficiency"] <= 1.0
+        assert row["plan_seconds"] > 0.0
+        assert row["steps"] * 2 >= row["micro_batches"] > 0
+        assert len(row["padding_efficiency_per_epoch"]) == 2
+
+
+def test_json_values_order_the_strategies_as_the_design_expects(npy_rows):
+    sorted_row, shuffle_row = npy_rows["sorted"], npy_rows["shuffle"]
+    assert sorted_row["padding_efficiency"] >= shuffle_row["padding_efficiency"]
+    assert npy_rows["packed"]["padding_efficiency"] >= 0.95
+    # sorted keeps its micro-batches between epochs; a full shuffle almost never does
+    assert sorted_row["recurrence"] >= 0.95
+    assert shuffle_row["recurrence"] <= 0.2
+    assert sorted_row["length_mix_kl"] > shuffle_row["length_mix_kl"]
+
+
+@pytest.mark.parametrize("fmt", ["hf", "parquet", "jsonl", "txt"])
+def test_every_file_format_gives_the_same_plans_as_npy(capsys, sources, npy_rows, fmt):
+    rows = by_strategy(run_json(capsys, ["--lengths", sources[fmt], *BASE_ARGS, "--strategies", "sorted,bucketed"]))
+    assert set(rows) == {"sorted", "bucketed"}
+    for name, row in rows.items():
+        assert row["real_tokens"] == int(LENGTHS.sum())
+        assert row["padding_efficiency"] == pytest.approx(npy_rows[name]["padding_efficiency"], abs=1e-12)
+        assert row["micro_batches"] == npy_rows[name]["micro_batches"]
+
+
+def test_profile_input(capsys):
+    rows = run_json(
+        capsys, ["--profile", "chat-902k", "--max-tokens", "16384", "--strategies", "packed", "--epochs", "1", "--json"]
+    )
+    assert len(rows) == 1 and rows[0]["samples"] == 902_000
+    assert rows[0]["samples_seen_once"] is True
+    assert rows[0]["recurrence"] is None  # one epoch: nothing to compare with
+    assert rows[0]["padding_efficiency"] > 0.99
+
+
+def test_table_output_lists_each_strategy(capsys, sources):
+    assert main(["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--strategies", "sorted,shuffle"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "3,000 samples" in lines[0]
+    assert "efficiency" in lines[1] and "recurrence" in lines[1]
+    assert [line.split()[0] for line in lines[3:]] == ["sorted", "shuffle"]
+
+
+def test_bucket_options_and_oversize_drop(capsys, sources):
+    quantile = by_strategy(
+        run_json(capsys, ["--lengths", sources["npy"], *BASE_ARGS, "--strategies", "bucketed", "--edges", "quantile", "--num-buckets", "4"])
+    )["bucketed"]
+    explicit = by_strategy(
+        run_json(capsys, ["--lengths", sources["npy"], *BASE_ARGS, "--strategies", "bucketed", "--edges", "64,128,256"])
+    )["bucketed"]
+    assert quantile["samples_seen_once"] and explicit["samples_seen_once"]
+    dropped = by_strategy(
+        run_json(capsys, ["--lengths", sources["npy"], "--max-tokens", "512", "--oversize", "drop", "--json", "--strategies", "sorted"])
+    )["sorted"]
+    assert dropped["dropped"] == int((LENGTHS > 512).sum()) > 0
+    assert dropped["samples_seen_once"] is True
+
+
+def test_balance_does_not_worsen_rank_imbalance(capsys, sources):
+    argv = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--world-size", "4", "--grad-accum", "2"]
+    argv += ["--strategies", "shuffle", "--epochs", "1", "--json"]
+    plain = run_json(capsys, argv)[0]
+    balanced = run_json(capsys, [*argv, "--balance"])[0]
+    assert balanced["samples_seen_once"] is True
+    assert balanced["rank_imbalance"] <= plain["rank_imbalance"] + 1e-12
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lengths", "MISSING.parquet"], "does not exist"),
+        (["--lengths", "NPY", "--strategies", "sorted,fastest"], "unknown strategy fastest; choose from"),
+        (["--lengths", "PARQUET", "--column", "labels"], r"columns present: \['input_ids', 'id'\]"),
+        (["--lengths", "NPY", "--max-tokens", "100"], "100"),
+        (["--lengths", "NPY", "--epochs", "0"], "--epochs 0 must be at least 1"),
+        (["--lengths", "NPY", "--edges", "dp,fast"], "--edges 'dp,fast'"),
+        (["--lengths", "NPY", "--world-size", "0"], "world_size"),
+        (["--lengths", "NPY", "--profile", "chat-902k"], "not allowed with argument"),
+        (["--max-tokens", "10"], "one of the arguments --lengths --profile is required"),
+        (["--lengths", "NPY", "--balance-window", "2"], "--balance-window 2 needs --balance"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_not_a_traceback(capsys, sources, tmp_path, extra, message):
+    substitute = {"NPY": sources["npy"], "PARQUET": sources["parquet"], "MISSING.parquet": str(tmp_path / "missing.parquet")}
+    argv = [substitute.get(arg, arg) for arg in extra]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    assert re.search(message, captured.err), captured.err
+
+
+def test_progress_goes_to_stderr_and_leaves_the_rows_unchanged(capsys, sources):
+    from harness.cli.plan import build_parser, compare_strategies
+
+    args = build_parser().parse_args(["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--epochs", "2"])
+    lengths = np.load(sources["npy"])
+    quiet = compare_strategies(lengths, args, ["sorted"], show_progress=False)
+    loud = compare_strategies(lengths, args, ["sorted"], show_progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "planning" in captured.err
+    assert loud[0]["padding_efficiency"] == quiet[0]["padding_efficiency"]
+    assert loud[0]["micro_batches"] == quiet[0]["micro_batches"]
+
+
+def test_installed_entry_point_prints_pure_json_without_importing_torch(sources):
+    entry_point = Path(sys.executable).with_name("batchlab-plan")
+    if not entry_point.exists():
+        pytest.fail(f"{entry_point} is missing: run `pip install -e .` in the environment first")
+    completed = subprocess.run(
+        [str(entry_point), "--lengths", sources["txt"], *BASE_ARGS, "--strategies", "packed"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    rows = json.loads(completed.stdout)
+    assert rows[0]["strategy"] == "packed" and rows[0]["samples_seen_once"] is True
+    probe = (
+        "import sys; from harness.cli.plan import main; "
+        f"status = main(['--lengths', {sources['npy']!r}, '--strategies', 'sorted', '--epochs', '1']); "
+        "sys.exit(status or (3 if 'torch' in sys.modules else 0))"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=120, check=False).returncode == 0
+
+
+def test_report_dir_writes_the_figure_and_the_report(capsys, sources, tmp_path):
+    report_dir = tmp_path / "report"
+    assert main(["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--report-dir", str(report_dir)]) == 0
+    saved = json.loads((report_dir / "plan_metrics.json").read_text())
+    assert {row["strategy"] for row in saved} == ALL_STRATEGIES
+    report = (report_dir / "plan_report.md").read_text()
+    for name in ALL_STRATEGIES:
+        assert f"| {name} |" in report
+    assert (report_dir / "plan_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    assert "plan_report.md" in capsys.readouterr().err

@@ -1,0 +1,221 @@
+"""Plan metrics (strategies.metrics) on hand-built plans whose answers are known."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strategies.cost import CostModel
+from strategies.metrics import autocorrelation, composition_recurrence, length_mix_divergence, plan_metrics
+from strategies.epoch_plan import Budget, Plan
+
+
+def make_plan(
+    lengths,
+    micro_batches,
+    world_size=1,
+    grad_accum=1,
+    layout="padded",
+    max_tokens=10_000,
+    max_samples=None,
+    dropped=(),
+    epoch=0,
+) -> Plan:
+    """A Plan from a list of micro-batches (lists of sample indices), in step-major order."""
+    sizes = [len(mb) for mb in micro_batches]
+    flat = [i for mb in micro_batches for i in mb]
+    return Plan(
+        strategy="hand",
+        layout=layout,
+        lengths=np.asarray(lengths, dtype=np.int64),
+        sample_indices=np.asarray(flat, dtype=np.int64),
+        micro_batch_offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        budget=Budget(max_tokens, max_samples),
+        seed=0,
+        epoch=epoch,
+        world_size=world_size,
+        grad_accum=grad_accum,
+        dropped=np.asarray(dropped, dtype=np.int64),
+    )
+
+
+def test_padding_efficiency_of_known_padded_batches():
+    # [3, 5] pads to 2 x 5 = 10 slots, [2, 2] to 4: 12 real tokens in 14 slots.
+    metrics = plan_metrics(make_plan([3, 5, 2, 2], [[0, 1], [2, 3]]))
+    assert metrics["real_tokens"] == 12
+    assert metrics["computed_slots"] == 14
+    assert metrics["padding_efficiency"] == pytest.approx(12 / 14, abs=1e-12)
+    assert metrics["padding_ratio"] == pytest.approx(2 / 14, abs=1e-12)
+
+
+def test_packed_rows_count_their_capacity():
+    metrics = plan_metrics(make_plan([3, 5, 2, 2], [[0, 1], [2, 3]], layout="packed", max_tokens=10))
+    assert metrics["computed_slots"] == 20
+    assert metrics["padding_efficiency"] == pytest.approx(12 / 20, abs=1e-12)
+
+
+def test_counts_of_micro_batches_steps_and_empty_slots():
+    # world 2, grad_accum 2: 4 slots per step; 5 non-empty micro-batches fill 2 steps, 3 empty.
+    plan = make_plan([1] * 5, [[0], [1], [2], [3], [4], [], [], []], world_size=2, grad_accum=2)
+    metrics = plan_metrics(plan)
+    assert (metrics["micro_batches"], metrics["empty_micro_batches"], metrics["steps"]) == (5, 3, 2)
+
+
+def test_budget_violations_count_rows_and_slots():
+    plan = make_plan([4, 4, 4, 9], [[0, 1, 2], [3]], max_tokens=8, max_samples=2)
+    metrics = plan_metrics(plan)
+    # [4, 4, 4]: 12 slots > 8 and 3 rows > 2 (one violation); [9]: 9 slots > 8.
+    assert metrics["budget_violations"] == 2
+    assert metrics["max_micro_batch_slots"] == 12
+    # a packed row breaks the budget when its real tokens exceed the capacity
+    packed = make_plan([4, 4, 4, 9], [[0, 1], [2, 3]], layout="packed", max_tokens=8)
+    assert plan_metrics(packed)["budget_violations"] == 1
+
+
+def test_alternating_step_lengths_have_negative_lag1_acf():
+    steps = 20
+    lengths = [10 if t % 2 == 0 else 100 for t in range(steps)]
+    metrics = plan_metrics(make_plan(lengths, [[t] for t in range(steps)]), acf_lags=2)
+    # For a +-1 alternating series of length T the estimator gives -(T-1)/T at lag 1, (T-2)/T at 2.
+    assert metrics["lag1_acf"] == pytest.approx(-(steps - 1) / steps, abs=1e-12)
+    assert metrics["acf"][1] == pytest.approx((steps - 2) / steps, abs=1e-12)
+
+
+def test_acf_is_measured_per_optimizer_step_not_per_micro_batch():
+    # Micro-batches alternate short/long, but each step (2 ranks) holds one of each: constant
+    # step means, so the step-level ACF is undefined (NaN), not -1.
+    lengths = [10, 100] * 6
+    plan = make_plan(lengths, [[i] for i in range(12)], world_size=2)
+    assert math.isnan(plan_metrics(plan)["lag1_acf"])
+    # Grouping the same micro-batches one per step makes the series alternate again.
+    assert plan_metrics(make_plan(lengths, [[i] for i in range(12)]))["lag1_acf"] < -0.5
+
+
+def naive_acf(series, lag):
+    x = np.asarray(series, dtype=float)
+    mean = sum(x) / len(x)
+    num = sum((x[t] - mean) * (x[t + lag] - mean) for t in range(len(x) - lag))
+    den = sum((v - mean) ** 2 for v in x)
+    return num / den
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 1000), min_size=3, max_size=40), st.integers(1, 5))
+def test_autocorrelation_matches_textbook_formula(series, lags):
+    result = autocorrelation(np.array(series), lags)
+    for lag in range(1, lags + 1):
+        if len(set(series)) == 1 or lag >= len(series):
+            assert math.isnan(result[lag - 1])
+        else:
+            assert result[lag - 1] == pytest.approx(naive_acf(series, lag), abs=1e-9)
+
+
+def test_recurrence_identical_is_one_disjoint_is_zero_partial_is_fraction():
+    lengths = [1] * 4
+    first = make_plan(lengths, [[0, 1], [2, 3]])
+    assert plan_metrics(first, next_epoch_plan=make_plan(lengths, [[3, 2], [1, 0]], epoch=1))["recurrence"] == 1.0
+    assert plan_metrics(first, next_epoch_plan=make_plan(lengths, [[0, 2], [1, 3]], epoch=1))["recurrence"] == 0.0
+    three = make_plan([1] * 3, [[0, 1, 2]])
+    value, pairs = composition_recurrence(three, make_plan([1] * 3, [[0, 1], [2]]))
+    assert pairs == 3
+    assert value == pytest.approx(1 / 3, abs=1e-12)
+
+
+def test_recurrence_without_next_plan_is_nan_and_size_mismatch_is_an_error():
+    plan = make_plan([1, 1], [[0, 1]])
+    assert math.isnan(plan_metrics(plan)["recurrence"])
+    with pytest.raises(ValueError, match="has 2 samples.*has 3"):
+        composition_recurrence(plan, make_plan([1, 1, 1], [[0, 1, 2]]))
+
+
+def random_partition(draw, size):
+    order = draw(st.permutations(range(size)))
+    cuts = sorted(draw(st.sets(st.integers(1, max(size - 1, 1)), max_size=size)))
+    bounds = [0] + [c for c in cuts if c < size] + [size]
+    return [list(order[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_recurrence_matches_brute_force_pair_enumeration(data):
+    size = data.draw(st.integers(2, 14))
+    first_mbs = random_partition(data.draw, size)
+    second_mbs = random_partition(data.draw, size)
+    lengths = [1] * size
+    owner_a = {i: m for m, mb in enumerate(first_mbs) for i in mb}
+    owner_b = {i: m for m, mb in enumerate(second_mbs) for i in mb}
+    together = [(i, j) for i, j in itertools.combinations(range(size), 2) if owner_a[i] == owner_a[j]]
+    value, pairs = composition_recurrence(make_plan(lengths, first_mbs), make_plan(lengths, second_mbs))
+    assert pairs == len(together)
+    if together:
+        again = sum(owner_b[i] == owner_b[j] for i, j in together)
+        assert value == pytest.approx(again / len(together), abs=1e-12)
+    else:
+        assert math.isnan(value)
+
+
+def test_length_mix_divergence_zero_for_representative_steps_log2_for_sorted_halves():
+    lengths = list(range(1, 9))  # two quantile bins: 1..4 and 5..8
+    mixed = make_plan(lengths, [[0, 4], [1, 5], [2, 6], [3, 7]])
+    halves = make_plan(lengths, [[0, 1, 2, 3], [4, 5, 6, 7]])
+    assert length_mix_divergence(mixed, mix_bins=2)[0] == pytest.approx(0.0, abs=1e-12)
+    assert length_mix_divergence(halves, mix_bins=2)[0] == pytest.approx(math.log(2), abs=1e-12)
+    assert plan_metrics(halves, mix_bins=2)["length_mix_kl"] == pytest.approx(math.log(2), abs=1e-12)
+
+
+def test_rank_imbalance_and_relative_step_cost_with_linear_cost():
+    # One step, 2 ranks: costs 4 and 2 (a=1, b=0) -> imbalance 4 / 3; the step waits 4 units for
+    # 6 units of ideal work over 2 ranks (3 each) -> relative cost 4/3.
+    plan = make_plan([4, 2], [[0], [1]], world_size=2)
+    metrics = plan_metrics(plan, cost_model=CostModel(a=1.0, b=0.0))
+    assert metrics["rank_imbalance"] == pytest.approx(4 / 3, abs=1e-12)
+    assert metrics["rank_imbalance_max"] == pytest.approx(4 / 3, abs=1e-12)
+    assert metrics["step_cost"] == pytest.approx(4.0, abs=1e-12)
+    assert metrics["relative_step_cost"] == pytest.approx(4 / 3, abs=1e-12)
+
+
+def test_rank_imbalance_sums_accumulation_micro_batches_and_uses_quadratic_term():
+    # world 2, grad_accum 2; rank 0 = [3] + [3], rank 1 = [2, 2] + [] ; a=0, b=1:
+    # rank 0: 9 + 9 = 18, rank 1 (padded rows*max^2): 2*4 = 8 -> max/mean = 18 / 13.
+    plan = make_plan([3, 3, 2, 2], [[0], [1], [2, 3], []], world_size=2, grad_accum=2)
+    metrics = plan_metrics(plan, cost_model=CostModel(a=0.0, b=1.0))
+    assert metrics["rank_imbalance"] == pytest.approx(18 / 13, abs=1e-12)
+    assert metrics["ideal_cost"] == pytest.approx(9 + 9 + 4 + 4, abs=1e-12)
+
+
+def test_samples_seen_once_with_duplicates_missing_and_dropped():
+    assert plan_metrics(make_plan([1, 1, 1], [[0, 1], [2]]))["samples_seen_once"] is True
+    duplicated = plan_metrics(make_plan([1, 1, 1], [[0, 1], [1]]))
+    assert (duplicated["samples_seen_once"], duplicated["missing_samples"], duplicated["repeated_samples"]) == (False, 1, 1)
+    dropped_ok = plan_metrics(make_plan([1, 1, 9], [[0, 1]], dropped=[2]))
+    assert dropped_ok["samples_seen_once"] is True and dropped_ok["dropped"] == 1
+    dropped_but_present = plan_metrics(make_plan([1, 1, 9], [[0, 1], [2]], dropped=[2]))
+    assert dropped_but_present["samples_seen_once"] is False
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_bounds_hold_on_random_plans(data):
+    size = data.draw(st.integers(2, 30))
+    lengths = data.draw(st.lists(st.integers(1, 64), min_size=size, max_size=size))
+    world_size = data.draw(st.integers(1, 3))
+    micro_batches = random_partition(data.draw, size)
+    micro_batches += [[]] * (-len(micro_batches) % world_size)
+    layout = data.draw(st.sampled_from(["padded", "packed"]))
+    metrics = plan_metrics(make_plan(lengths, micro_batches, world_size=world_size, layout=layout, max_tokens=64 * size))
+    assert 0.0 < metrics["padding_efficiency"] <= 1.0 + 1e-12
+    assert metrics["relative_step_cost"] >= 1.0 - 1e-9
+    assert metrics["rank_imbalance"] >= 1.0 - 1e-12
+    assert metrics["length_mix_kl"] >= -1e-12
+    assert metrics["samples_seen_once"] is True
+
+
+@pytest.mark.parametrize("option", [{"acf_lags": 0}, {"mix_bins": 0}, {"acf_lags": 1.5}])
+def test_bad_metric_options_are_rejected(option):
+    with pytest.raises(ValueError, match=next(iter(option))):
+        plan_metrics(make_plan([1], [[0]]), **option)

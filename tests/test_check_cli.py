@@ -1,0 +1,102 @@
+"""``batchlab-check`` in-process: passes on exact packing, fails (exit 1) when packing leaks."""
+
+import json
+
+import pytest
+import torch
+
+from harness.cli import check
+from harness.cli.check import main
+
+SMALL = ["--lengths", "1,17,65,70", "--seed", "3"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscribing a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run_json(capsys, *argv):
+    status = main(["--json", "--device", "cpu", *SMALL, *argv])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_exact_packing_passes_with_every_row(capsys):
+    status, report = run_json(capsys)
+    assert status == 0 and report["ok"] is True
+    assert report["document_lengths"] == [1, 17, 65, 70] and report["blocks"] > 0
+    rows = {(c["name"], c["comparison"]): c for c in report["checks"]}
+    for layout in ("padded", "packed"):
+        comparison = f"{layout} vs separate"
+        for name in ("target layer 1 (linear_attention)", "target layer 2 (full_attention)",
+                     "drafter loss (sum w*CE, sum w)", "drafter gradients"):
+            row = rows[(name, comparison)]
+            assert row["ok"] and 0 <= row["max_rel_diff"] <= 1e-5 and row["tolerance"] == 1e-4
+    assert len(report["checks"]) == 8
+    assert any("fla vs torch-chunk skipped" in note for note in report["notes"])
+
+
+def test_a_leaking_target_fails_with_exit_status_1(capsys):
+    status, report = run_json(capsys, "--negative-control")
+    assert status == 1 and report["ok"] is False
+    failed = {(c["name"], c["comparison"]) for c in report["checks"] if not c["ok"]}
+    assert ("target layer 1 (linear_attention)", "packed vs separate") in failed
+    assert ("drafter gradients", "packed vs separate") in failed
+    assert all(comparison == "packed vs separate" for _, comparison in failed)
+
+
+def test_the_table_names_the_verdict(capsys):
+    assert main(["--device", "cpu", "--lengths", "1,9", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "max rel diff" in out and "drafter gradients" in out
+    assert out.rstrip().endswith("ok: every difference within tolerance")
+
+
+def test_bad_input_exits_2_with_the_value(capsys):
+    assert main(["--lengths", "5,0"]) == 2
+    assert "--lengths '5,0'" in capsys.readouterr().err
+    assert main(["--drafter", "conf/drafter/missing.yaml", "--device", "cpu"]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    assert main(["--dtype", "float16"]) == 2  # argparse choices
+    assert main(["--device", "gpu0"]) == 2
+    assert "--device 'gpu0' is not a device" in capsys.readouterr().err
+    assert main(["--tf32", "--device", "cpu"]) == 2
+    assert "--tf32 needs --device cuda" in capsys.readouterr().err
+
+
+def test_fla_rows_compare_two_backends(monkeypatch):
+    # No GPU here: stand fla in with the recurrent oracle to exercise the comparison end to end.
+    from harness.models import gated_delta, target as target_module
+    from harness.models.drafter import DFlashDrafter, load_drafter_config
+    from harness.models.layout import TokenBatch
+    from harness.models.target import HybridTarget
+
+    real_rule = gated_delta.gated_delta_rule
+
+    def rule_with_fla_standin(*args, backend="auto", **kwargs):
+        return real_rule(*args, backend="torch-recurrent" if backend == "fla" else backend, **kwargs)
+
+    monkeypatch.setattr(gated_delta, "gated_delta_rule", rule_with_fla_standin)
+    monkeypatch.setattr(target_module, "gated_delta_rule", rule_with_fla_standin)
+    torch.manual_seed(0)
+    config = load_drafter_config("conf/drafter/tiny.yaml")
+    target = HybridTarget("conf/target/tiny.yaml", tap_layer_ids=config.target_layer_ids)
+    drafter = DFlashDrafter.from_target(target, config)
+    lengths = [1, 20, 70]
+    packed = TokenBatch.from_documents([torch.randint(0, 256, (n,)) for n in lengths], "packed")
+    rows = check._fla_rows(target, drafter, packed, lengths, tolerance=2e-3, seed=0)
+    assert [row.comparison for row in rows] == ["fla vs torch-chunk"] * 2 + ["packed fla vs torch-chunk"] * 2
+    assert all(row.ok and row.max_rel_diff < 1e-4 for row in rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_check_passes_on_the_gpu(capsys, dtype):
+    status = main(["--json", "--device", "cuda", "--dtype", dtype])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0 and report["ok"] is True, [c for c in report["checks"] if not c["ok"]]

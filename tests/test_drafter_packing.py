@@ -1,0 +1,145 @@
+"""Target + drafter end to end: packed, padded and each document alone give the same loss and gradients."""
+
+import pytest
+import torch
+
+from harness.models.anchors import FlatDocuments, sample_anchors
+from harness.models.drafter import DFlashDrafter, load_drafter_config
+from harness.models.layout import TokenBatch
+from harness.models.target import HybridTarget
+
+# Length 1 (no anchor), lengths that are not multiples of the GDN chunk size 64, and exactly 64.
+LENGTHS = [9, 1, 70, 33, 64]
+TOLERANCE = 1e-5  # fp32, relative to the largest magnitude of the reference
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread avoids oversubscribing a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    config = load_drafter_config("conf/drafter/tiny.yaml")
+    target = HybridTarget("conf/target/tiny.yaml", tap_layer_ids=config.target_layer_ids)
+    drafter = DFlashDrafter.from_target(target, config)
+    return target, drafter
+
+
+@pytest.fixture(scope="module")
+def documents():
+    generator = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 256, (n,), generator=generator) for n in LENGTHS]
+    loss_masks = [torch.ones(n, dtype=torch.long) for n in LENGTHS]
+    for mask in loss_masks:
+        mask[: min(4, mask.numel() - 1)] = 0  # a prompt the drafter is not trained on
+    return tokens, loss_masks
+
+
+def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| / max |reference|."""
+    value, reference = value.detach(), reference.detach()
+    return float((value - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+
+
+def loss_and_grads(target, drafter, tokens, loss_masks, layout, anchors):
+    batch = TokenBatch.from_documents(tokens, layout, loss_masks)
+    result = drafter.compute_loss(batch, target(batch), anchors=anchors)
+    # a document without anchors contributes no block: its gradient is zero (materialised)
+    grads = torch.autograd.grad(
+        result.weighted_ce_sum, list(drafter.parameters()), allow_unused=True, materialize_grads=True
+    )
+    return result, grads
+
+
+def packed_anchors(drafter, tokens, loss_masks, seed=2):
+    flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed", loss_masks))
+    return sample_anchors(flat, drafter.config.num_anchors, torch.Generator().manual_seed(seed))
+
+
+def test_packed_padded_and_separate_runs_agree(models, documents):
+    target, drafter = models
+    tokens, loss_masks = documents
+    anchors = packed_anchors(drafter, tokens, loss_masks)
+    assert anchors[1].numel() == 0 and anchors[2].numel() == drafter.config.num_anchors
+    packed, packed_grads = loss_and_grads(target, drafter, tokens, loss_masks, "packed", anchors)
+    padded, padded_grads = loss_and_grads(target, drafter, tokens, loss_masks, "padded", anchors)
+    alone = [loss_and_grads(target, drafter, [t], [m], "packed", [a]) for t, m, a in zip(tokens, loss_masks, anchors)]
+    separate = alone[0][0]
+    for result, _ in alone[1:]:
+        separate = separate + result
+    separate_grads = [sum(grads[i] for _, grads in alone) for i in range(len(packed_grads))]
+    assert packed.block_count.item() == sum(a.numel() for a in anchors)
+    assert packed.weight_sum.item() > 0
+    for result in (packed, padded):
+        for name in ("weighted_ce_sum", "weight_sum", "correct_sum", "label_count", "tau_sum", "block_count"):
+            assert relative_difference(getattr(result, name), getattr(separate, name)) <= TOLERANCE, name
+    for grads in (packed_grads, padded_grads):
+        for name, grad, reference in zip((n for n, _ in drafter.named_parameters()), grads, separate_grads):
+            assert reference.abs().max() > 0, name
+            assert relative_difference(grad, reference) <= TOLERANCE, name
+
+
+def test_the_same_generator_state_draws_the_same_anchors_in_both_layouts(models, documents):
+    target, drafter = models
+    tokens, loss_masks = documents
+    results = []
+    for layout in ("padded", "packed"):
+        batch = TokenBatch.from_documents(tokens, layout, loss_masks)
+        with torch.no_grad():
+            output = drafter(batch, target(batch), generator=torch.Generator().manual_seed(7))
+        results.append((output, drafter.loss(output)))
+    (padded, padded_loss), (packed, packed_loss) = results
+    assert all(torch.equal(a, b) for a, b in zip(padded.anchors, packed.anchors))
+    assert relative_difference(packed_loss.weighted_ce_sum, padded_loss.weighted_ce_sum) <= TOLERANCE
+    # labels of blocks never come from another document
+    for doc, positions in enumerate(packed.anchors):
+        assert bool((positions + 1 < LENGTHS[doc]).all())
+    rows = packed.layout.doc_index
+    assert bool((packed.layout.anchor + 1 < torch.tensor(LENGTHS)[rows]).all())
+
+
+def block_logits(target, drafter, tokens, anchors):
+    batch = TokenBatch.from_documents(tokens, "packed")
+    with torch.no_grad():
+        return drafter(batch, target(batch), anchors=anchors).logits
+
+
+def test_tokens_at_or_after_the_label_window_start_do_not_reach_a_block(models, documents):
+    target, drafter = models
+    tokens, _ = documents
+    no_anchor = torch.tensor([], dtype=torch.long)
+    anchors = [torch.tensor([3]), no_anchor, torch.tensor([30, 50]), torch.tensor([10]), torch.tensor([5])]
+    base = block_logits(target, drafter, tokens, anchors)
+    row = 1  # document 2, anchor 30
+
+    def with_token(doc, position):
+        changed = [t.clone() for t in tokens]
+        changed[doc][position] = (changed[doc][position] + 1) % 256
+        return block_logits(target, drafter, changed, anchors)
+
+    for position in (31, 35):  # label positions of the block: its context must not see them
+        assert relative_difference(with_token(2, position)[row], base[row]) <= 1e-6
+    assert relative_difference(with_token(2, 29)[row], base[row]) > 1e-3  # just before the anchor
+    assert relative_difference(with_token(2, 30)[row], base[row]) > 1e-3  # the anchor token itself
+    other_doc = with_token(0, 8)  # last token of the previous document in the packed row
+    assert relative_difference(other_doc[1:], base[1:]) <= 1e-6
+
+
+def test_a_target_that_leaks_state_across_documents_breaks_the_parity(models, documents):
+    target, drafter = models
+    tokens, loss_masks = documents
+    anchors = packed_anchors(drafter, tokens, loss_masks)
+    honest, honest_grads = loss_and_grads(target, drafter, tokens, loss_masks, "packed", anchors)
+    target._disable_document_reset = True
+    try:
+        leaky, leaky_grads = loss_and_grads(target, drafter, tokens, loss_masks, "packed", anchors)
+    finally:
+        target._disable_document_reset = False
+    fc = [n for n, _ in drafter.named_parameters()].index("fc.weight")
+    assert relative_difference(leaky_grads[fc], honest_grads[fc]) > 100 * TOLERANCE

@@ -11,14 +11,6 @@ from harness.cli.check import main
 SMALL = ["--lengths", "1,17,65,70", "--seed", "3"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def run_json(capsys, *argv):
     status = main(["--json", "--device", "cpu", *SMALL, *argv])

@@ -23,14 +23,6 @@ from harness.models.layout import TokenBatch
 VOCAB, HIDDEN, TARGET_LAYERS = 64, 32, 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared CPU (10x slower otherwise)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def make_drafter(block_size: int = 4, layers: int = 2, mask_token_id: int | None = None) -> DFlashDrafter:
     torch.manual_seed(0)

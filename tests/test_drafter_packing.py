@@ -13,14 +13,6 @@ LENGTHS = [9, 1, 70, 33, 64]
 TOLERANCE = 1e-5  # fp32, relative to the largest magnitude of the reference
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread avoids oversubscribing a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def models():

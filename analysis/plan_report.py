@@ -72,7 +72,7 @@ def plot_tradeoff(frame: pd.DataFrame, path: Path) -> Path:
         axes[2].axhspan(-noise, noise, color="grey", alpha=0.15, label="noise band (95%)")
     axes[2].set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length", title="Autocorrelation by lag")
     axes[2].xaxis.set_major_locator(MaxNLocator(integer=True))
-    if axes[2].lines:
+    if axes[2].get_legend_handles_labels()[0]:  # the zero line alone has no label
         axes[2].legend()
     axes[0].set_ylim(bottom=0)
     axes[1].set_ylim(bottom=0)
@@ -90,9 +90,11 @@ def _markdown_table(frame: pd.DataFrame) -> str:
     for row in frame[columns].itertuples(index=False):
         cells = []
         for name, value in zip(columns, row):
-            if name == "padding_efficiency":
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                cells.append("-")  # undefined (e.g. recurrence of a single epoch), as in the CLI table
+            elif name == "padding_efficiency":
                 cells.append(f"{100 * value:.1f}%")
-            elif isinstance(value, float) and not math.isnan(value):
+            elif isinstance(value, float):
                 cells.append(f"{value:.3f}")
             else:
                 cells.append(str(value))

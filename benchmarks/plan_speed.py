@@ -43,6 +43,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
 
 import strategies  # noqa: E402
 from harness.data.profiles import profile_lengths  # noqa: E402
+from strategies.edges import EDGE_METHODS  # noqa: E402
 from strategies.metrics import plan_metrics  # noqa: E402
 
 RESULTS_PATH = REPO_ROOT / "benchmarks" / "RESULTS.md"
@@ -52,7 +53,6 @@ MAX_TOKENS = 16384
 WORLD_SIZE = 8
 SAMPLER_BATCH_SIZE = 16
 STRATEGY_NAMES = ("sorted", "shuffle", "bucketed", "packed")
-EDGE_METHODS = ("dp", "quantile", "equal_tokens")
 EDGE_BUCKET_COUNTS = (4, 8, 16)
 MEMORY_SAMPLES = 1_000_000
 WARMUP_SAMPLES = 4096

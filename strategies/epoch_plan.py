@@ -22,6 +22,10 @@ import numpy as np
 
 Layout = Literal["padded", "packed"]
 
+#: largest ``Budget.max_tokens`` (and ``max_samples``): 2**40 tokens keeps every slot count, token sum and
+#: ``len**2`` term of a micro-batch far inside int64 (and float64's exact integers) for any realistic dataset
+MAX_BUDGET_TOKENS = 1 << 40
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -43,13 +47,18 @@ class Budget:
                 f"Budget.max_tokens={self.max_tokens} is smaller than one token; "
                 "set max_tokens to at least the longest sample length"
             )
+        if self.max_tokens > MAX_BUDGET_TOKENS:
+            raise ValueError(
+                f"Budget.max_tokens={self.max_tokens} is larger than {MAX_BUDGET_TOKENS} (2**40), far beyond any "
+                "micro-batch; token counts and costs would overflow 64-bit integers — use a realistic budget"
+            )
         if self.max_samples is not None and (
             isinstance(self.max_samples, bool)
             or not isinstance(self.max_samples, (int, np.integer))
-            or self.max_samples < 1
+            or not 1 <= self.max_samples <= MAX_BUDGET_TOKENS
         ):
             raise ValueError(
-                f"Budget.max_samples={self.max_samples!r} must be a positive integer or None"
+                f"Budget.max_samples={self.max_samples!r} must be a positive integer (at most 2**40) or None"
             )
 
 
@@ -143,10 +152,10 @@ class Plan:
 
     def micro_batch_tokens(self) -> np.ndarray:
         """Real (non-pad) tokens of every micro-batch slot."""
-        return _segment_reduce(np.add, self.lengths[self.sample_indices], self.micro_batch_offsets)
+        return segment_reduce(np.add, self.lengths[self.sample_indices], self.micro_batch_offsets)
 
     def micro_batch_max_length(self) -> np.ndarray:
-        return _segment_reduce(np.maximum, self.lengths[self.sample_indices], self.micro_batch_offsets)
+        return segment_reduce(np.maximum, self.lengths[self.sample_indices], self.micro_batch_offsets)
 
     def micro_batch_slots(self) -> np.ndarray:
         """Computed token slots of every micro-batch slot.
@@ -160,10 +169,6 @@ class Plan:
             return np.where(sizes > 0, self.budget.max_tokens, 0).astype(np.int64)
         return sizes * self.micro_batch_max_length()
 
-    def seen_indices(self) -> np.ndarray:
-        """All sample indices the epoch visits, in plan order."""
-        return self.sample_indices
-
     # -- checks --------------------------------------------------------------------------------
     def kept_indices(self) -> np.ndarray:
         """Indices the epoch must visit: every sample but the dropped ones, ascending."""
@@ -171,15 +176,25 @@ class Plan:
         keep[self.dropped] = False
         return np.flatnonzero(keep).astype(np.int64)
 
+    def exactly_once_violations(self) -> tuple[int, int]:
+        """``(missing, repeated)``: kept indices the plan never visits, and visits beyond one.
+
+        A dropped index must not appear at all (each appearance counts as repeated), and indices
+        outside ``[0, len(lengths))`` are never valid (each counts as repeated).
+        """
+        size = len(self.lengths)
+        indices = self.sample_indices
+        in_range = (indices >= 0) & (indices < size)
+        counts = np.bincount(indices[in_range], minlength=size)
+        expected = np.ones(size, dtype=np.int64)
+        expected[self.dropped] = 0
+        missing = int(np.maximum(expected - counts, 0).sum())
+        repeated = int(np.maximum(counts - expected, 0).sum()) + int((~in_range).sum())
+        return missing, repeated
+
     def exactly_once(self) -> bool:
         """True when every kept index appears exactly once and no dropped index appears."""
-        n = len(self.lengths)
-        if self.sample_indices.size and (self.sample_indices.min() < 0 or self.sample_indices.max() >= n):
-            return False
-        seen = np.bincount(self.sample_indices, minlength=n)
-        expected = np.ones(n, dtype=np.int64)
-        expected[self.dropped] = 0
-        return bool(np.array_equal(seen, expected))
+        return self.exactly_once_violations() == (0, 0)
 
     def budget_violations(self) -> np.ndarray:
         """Micro-batch slots that break the budget (empty when the plan is within budget).
@@ -196,10 +211,12 @@ class Plan:
         return np.flatnonzero(over)
 
 
-def _segment_reduce(ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """``ufunc.reduce`` of each ``values[offsets[i]:offsets[i+1]]``; empty segments give 0."""
-    out = np.zeros(len(offsets) - 1, dtype=np.int64)
+def segment_reduce(
+    ufunc: np.ufunc, values: np.ndarray, offsets: np.ndarray, dtype: type = np.int64
+) -> np.ndarray:
+    """``ufunc.reduce`` of each ``values[offsets[i]:offsets[i+1]]`` in ``dtype``; empty segments give 0."""
+    out = np.zeros(len(offsets) - 1, dtype=dtype)
     nonempty = offsets[1:] > offsets[:-1]
     if values.size and nonempty.any():
-        out[nonempty] = ufunc.reduceat(values.astype(np.int64), offsets[:-1][nonempty])
+        out[nonempty] = ufunc.reduceat(values.astype(dtype), offsets[:-1][nonempty])
     return out

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from .balance import rank_costs
 from .cost import CostModel
 from .epoch_plan import Plan
 
@@ -156,30 +157,12 @@ def length_mix_divergence(plan: Plan, mix_bins: int = 16) -> tuple[float, float]
     return kl, kl_random
 
 
-def rank_costs(plan: Plan, cost_model: CostModel) -> np.ndarray:
+def plan_rank_costs(plan: Plan, cost_model: CostModel) -> np.ndarray:
     """``[steps, world_size]`` cost of each rank's micro-batches (accumulation summed) per step."""
     costs = cost_model.micro_batch_costs(
         plan.lengths, plan.sample_indices, plan.micro_batch_offsets, plan.layout, plan.budget.max_tokens
     )
-    return costs.reshape(plan.num_steps, plan.world_size, plan.grad_accum).sum(axis=2)
-
-
-def exactly_once(plan: Plan) -> tuple[bool, int, int]:
-    """Exactly-once check: ``(ok, missing_samples, repeated_samples)``.
-
-    Every index must appear once, except dropped indices, which must not appear at all. Indices
-    outside ``[0, len(lengths))`` count as repeated (they are never valid).
-    """
-    size = len(plan.lengths)
-    indices = plan.sample_indices
-    in_range = (indices >= 0) & (indices < size)
-    out_of_range = int((~in_range).sum())
-    counts = np.bincount(indices[in_range], minlength=size)
-    expected = np.ones(size, dtype=np.int64)
-    expected[plan.dropped] = 0
-    missing = int(np.maximum(expected - counts, 0).sum())
-    repeated = int(np.maximum(counts - expected, 0).sum()) + out_of_range
-    return missing == 0 and repeated == 0, missing, repeated
+    return rank_costs(costs.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
 
 
 def plan_metrics(
@@ -218,14 +201,14 @@ def plan_metrics(
         recurrence, recurrence_pairs = float("nan"), 0
     mix_kl, mix_kl_random = length_mix_divergence(plan, mix_bins)
 
-    per_rank = rank_costs(plan, cost_model)
+    per_rank = plan_rank_costs(plan, cost_model)
     rank_mean = per_rank.mean(axis=1)
     rank_max = per_rank.max(axis=1)
     active = rank_mean > 0
     imbalance = rank_max[active] / rank_mean[active]
     step_cost = float(rank_max.sum())
     ideal_cost = float(cost_model.a * real_tokens + cost_model.b * float((planned_lengths.astype(np.float64) ** 2).sum()))
-    seen_once, missing, repeated = exactly_once(plan)
+    missing, repeated = plan.exactly_once_violations()
 
     return {
         "strategy": plan.strategy,
@@ -258,7 +241,7 @@ def plan_metrics(
         "step_cost": step_cost,
         "ideal_cost": ideal_cost,
         "relative_step_cost": plan.world_size * step_cost / ideal_cost if ideal_cost > 0 else float("nan"),
-        "samples_seen_once": bool(seen_once),
+        "samples_seen_once": missing == 0 and repeated == 0,
         "missing_samples": missing,
         "repeated_samples": repeated,
     }

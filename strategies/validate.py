@@ -23,6 +23,8 @@ from .epoch_plan import Budget
 logger = logging.getLogger(__name__)
 
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
+#: 2**63 as a float: whole floats at or beyond it do not fit in int64
+INT64_LIMIT = float(2**63)
 
 
 class LengthsError(ValueError):
@@ -72,6 +74,8 @@ def _scan_python_sequence(values: Sequence[Any]) -> None:
                 f"lengths[{index}] = {value!r} is a {type(value).__name__}, not an integer token count; "
                 "convert the lengths to integers first (e.g. np.asarray(values, dtype=np.int64))"
             )
+        if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:
+            raise LengthsError(f"lengths[{index}] = {value!r} does not fit in int64; no sample is that long")
 
 
 def as_length_array(lengths: Any) -> np.ndarray:
@@ -127,6 +131,13 @@ def as_length_array(lengths: Any) -> np.ndarray:
             raise LengthsError(
                 f"lengths[{index}] = {_show(array[index])} is not a whole number; sample lengths are token "
                 "counts (check the length column, or round it explicitly)"
+            )
+        too_large = np.abs(array) >= INT64_LIMIT
+        if too_large.any():
+            index = _first(too_large)
+            raise LengthsError(
+                f"lengths[{index}] = {_show(array[index])} does not fit in int64; no sample is that long "
+                "(check the length column for corrupt values)"
             )
     elif kind not in "iu":
         raise LengthsError(f"lengths has unsupported dtype {array.dtype}; pass integer lengths")

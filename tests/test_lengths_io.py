@@ -147,3 +147,42 @@ def test_lognormal_lengths_seed_changes_the_draw():
     first = lognormal_lengths(1000, median=100.0, sigma=0.5, min_length=1, max_length=10_000, seed=1)
     second = lognormal_lengths(1000, median=100.0, sigma=0.5, min_length=1, max_length=10_000, seed=2)
     assert not np.array_equal(first, second)
+
+
+def test_empty_or_truncated_npy_is_a_lengths_error_not_an_eof_traceback(tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    with pytest.raises(LengthsSourceError, match=r"empty\.npy: not a readable numeric \.npy array \(EOFError"):
+        load_lengths(tmp_path / "empty.npy")
+    np.save(tmp_path / "whole.npy", np.arange(1, 1000, dtype=np.int64))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "whole.npy").read_bytes()[:200])
+    with pytest.raises(LengthsSourceError, match=r"cut\.npy: not a readable numeric \.npy array"):
+        load_lengths(tmp_path / "cut.npy")
+
+
+def test_values_beyond_int64_name_the_row_instead_of_wrapping_negative(tmp_path):
+    # these used to be cast to int64 silently and reported (wrongly) as negative lengths
+    np.save(tmp_path / "u64.npy", np.array([5, 2**63 + 10], dtype=np.uint64))
+    with pytest.raises(LengthsSourceError, match=r"array at index 1 has value 9223372036854775818, which does not fit"):
+        load_lengths(tmp_path / "u64.npy")
+    np.save(tmp_path / "big.npy", np.array([5.0, 7.0, 1e20]))
+    with pytest.raises(LengthsSourceError, match=r"array at index 2 has value 1e\+20, which does not fit"):
+        load_lengths(tmp_path / "big.npy")
+    pq.write_table(pa.table({"length": pa.array([5, 2**63 + 1], pa.uint64())}), tmp_path / "u64.parquet")
+    with pytest.raises(LengthsSourceError, match=r"column 'length' at row 1 has value 9223372036854775809"):
+        load_lengths(tmp_path / "u64.parquet")
+    (tmp_path / "big.jsonl").write_text('{"length": 5}\n{"length": 99999999999999999999}\n')
+    with pytest.raises(LengthsSourceError, match=r"column 'length' at line 2 has value 1e\+20, which does not fit"):
+        load_lengths(tmp_path / "big.jsonl")
+    (tmp_path / "big.txt").write_text("5\n6\n99999999999999999999\n")
+    with pytest.raises(LengthsSourceError, match=r"line 3: '99999999999999999999' does not fit in a 64-bit integer"):
+        load_lengths(tmp_path / "big.txt")
+    np.save(tmp_path / "u64ok.npy", np.array([5, 2**40], dtype=np.uint64))
+    np.testing.assert_array_equal(load_lengths(tmp_path / "u64ok.npy"), [5, 2**40])
+
+
+def test_split_applies_only_to_saved_datasets(tmp_path):
+    np.save(tmp_path / "ints.npy", np.array([5, 6], dtype=np.int64))
+    with pytest.raises(LengthsSourceError, match=r"split='train' applies only to a dataset directory"):
+        load_lengths(tmp_path / "ints.npy", split="train")
+    with pytest.raises(LengthsSourceError, match=r"split='train' does not apply to a profile"):
+        load_lengths("profile:chat-902k", split="train")

@@ -151,6 +151,25 @@ def test_bucket_options_and_oversize_drop(capsys, sources):
     assert dropped["samples_seen_once"] is True
 
 
+def test_oversize_drop_plans_when_the_first_samples_are_all_too_long(capsys, tmp_path, monkeypatch):
+    # the warm-up on the first WARMUP_SAMPLES samples used to fail with "oversize='drop' left no
+    # sample" when every one of them was oversize, although the whole dataset plans fine
+    import harness.cli.plan as cli
+
+    monkeypatch.setattr(cli, "WARMUP_SAMPLES", 50)
+    lengths = np.full(400, 100, dtype=np.int64)
+    lengths[:50] = 5000
+    np.save(tmp_path / "long_first.npy", lengths)
+    rows = by_strategy(
+        run_json(capsys, ["--lengths", str(tmp_path / "long_first.npy"), "--max-tokens", "1000", "--oversize", "drop",
+                          "--world-size", "2", "--grad-accum", "2", "--json"])
+    )
+    assert set(rows) == ALL_STRATEGIES
+    for row in rows.values():
+        assert row["dropped"] == 50 and row["samples_planned"] == 350
+        assert row["samples_seen_once"] is True
+
+
 def test_balance_does_not_worsen_rank_imbalance(capsys, sources):
     argv = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--world-size", "4", "--grad-accum", "2"]
     argv += ["--strategies", "shuffle", "--epochs", "1", "--json"]
@@ -173,10 +192,29 @@ def test_balance_does_not_worsen_rank_imbalance(capsys, sources):
         (["--lengths", "NPY", "--profile", "chat-902k"], "not allowed with argument"),
         (["--max-tokens", "10"], "one of the arguments --lengths --profile is required"),
         (["--lengths", "NPY", "--balance-window", "2"], "--balance-window 2 needs --balance"),
+        # each of these used to end in a Python traceback (exit 1) or in silent NaN metrics
+        (["--lengths", "EMPTY.npy"], r"not a readable numeric \.npy array \(EOFError"),
+        (["--lengths", "HUGE.txt"], r"line 2: '99999999999999999999' does not fit in a 64-bit integer"),
+        (["--lengths", "NPY", "--max-tokens", str(2**70)], r"max_tokens=1180591620717411303424 is larger than"),
+        (["--lengths", "NPY", "--cost-a", "nan"], r"CostModel\.a=nan must be finite"),
+        (["--lengths", "NPY", "--report-dir", "FILE"], r"--report-dir .* is an existing file"),
+        (["--lengths", "NPY", "--report-dir", "FILE/sub"], r"--report-dir .*: cannot write the report"),
+        (["--lengths", "NPY", "--split", "train"], r"split='train' applies only to a dataset directory"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_not_a_traceback(capsys, sources, tmp_path, extra, message):
-    substitute = {"NPY": sources["npy"], "PARQUET": sources["parquet"], "MISSING.parquet": str(tmp_path / "missing.parquet")}
+    (tmp_path / "empty.npy").write_bytes(b"")
+    (tmp_path / "huge.txt").write_text("5\n99999999999999999999\n")
+    (tmp_path / "a_file").write_text("not a directory")
+    substitute = {
+        "NPY": sources["npy"],
+        "PARQUET": sources["parquet"],
+        "MISSING.parquet": str(tmp_path / "missing.parquet"),
+        "EMPTY.npy": str(tmp_path / "empty.npy"),
+        "HUGE.txt": str(tmp_path / "huge.txt"),
+        "FILE": str(tmp_path / "a_file"),
+        "FILE/sub": str(tmp_path / "a_file" / "sub"),
+    }
     argv = [substitute.get(arg, arg) for arg in extra]
     assert main(argv) == 2
     captured = capsys.readouterr()

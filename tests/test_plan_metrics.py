@@ -188,6 +188,21 @@ def test_rank_imbalance_sums_accumulation_micro_batches_and_uses_quadratic_term(
     assert metrics["ideal_cost"] == pytest.approx(9 + 9 + 4 + 4, abs=1e-12)
 
 
+def test_quadratic_cost_of_long_packed_samples_does_not_overflow():
+    # two 2**32-token documents in one packed row: b * sum(len^2) = 2 * 2**64 = 2**65, which used
+    # to wrap around in int64 (to 0) before reaching the float cost
+    plan = make_plan([2**32, 2**32], [[0, 1]], layout="packed", max_tokens=2**33)
+    metrics = plan_metrics(plan, cost_model=CostModel(a=0.0, b=1.0))
+    assert metrics["step_cost"] == 2.0**65
+    assert metrics["relative_step_cost"] == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize(("a", "b"), [(float("nan"), 1e-6), (1.0, float("inf")), ("1", 0.0), (True, 0.0)])
+def test_cost_model_refuses_non_finite_or_non_numeric_coefficients(a, b):
+    with pytest.raises(ValueError, match=r"CostModel\.[ab]=.* must be"):
+        CostModel(a=a, b=b)
+
+
 def test_samples_seen_once_with_duplicates_missing_and_dropped():
     assert plan_metrics(make_plan([1, 1, 1], [[0, 1], [2]]))["samples_seen_once"] is True
     duplicated = plan_metrics(make_plan([1, 1, 1], [[0, 1], [1]]))
@@ -196,6 +211,8 @@ def test_samples_seen_once_with_duplicates_missing_and_dropped():
     assert dropped_ok["samples_seen_once"] is True and dropped_ok["dropped"] == 1
     dropped_but_present = plan_metrics(make_plan([1, 1, 9], [[0, 1], [2]], dropped=[2]))
     assert dropped_but_present["samples_seen_once"] is False
+    out_of_range = make_plan([1, 1], [[0, 1], [2]])
+    assert out_of_range.exactly_once() is False and out_of_range.exactly_once_violations() == (0, 1)
 
 
 @settings(max_examples=30, deadline=None)

@@ -28,3 +28,15 @@ def test_bad_metrics_are_named():
         metrics_frame([])
     with pytest.raises(ValueError, match="'strategy'"):
         metrics_frame([{"padding_efficiency": 1.0}])
+
+
+def test_undefined_values_show_as_a_dash_in_the_markdown(tmp_path):
+    # one epoch: recurrence is undefined (None in the CLI's JSON, NaN in the frame)
+    metrics = [
+        {"strategy": "packed", "padding_efficiency": 0.999, "lag1_acf": 0.01, "recurrence": None, "rank_imbalance": None},
+        {"strategy": "sorted", "padding_efficiency": 0.99, "lag1_acf": float("nan"), "recurrence": None, "rank_imbalance": 1.25},
+    ]
+    report = write_plan_report(metrics, tmp_path)["report"].read_text()
+    assert "| packed | 99.9% | 0.010 | - | - |" in report
+    assert "| sorted | 99.0% | - | - | 1.250 |" in report
+    assert "nan" not in report and "None" not in report

@@ -102,14 +102,22 @@ def test_in_step_balance_never_raises_any_steps_max_rank_cost(case, a, b):
     lengths=st.lists(st.integers(min_value=1, max_value=500), min_size=1, max_size=80),
     max_tokens=st.integers(min_value=20, max_value=400),
     policy=st.sampled_from(["truncate", "drop"]),
+    world_size=st.integers(min_value=1, max_value=4),
+    grad_accum=st.integers(min_value=1, max_value=3),
+    balanced=st.booleans(),
 )
-def test_oversize_policies_are_exact_and_recorded(name, lengths, max_tokens, policy):
+def test_oversize_policies_are_exact_and_recorded(name, lengths, max_tokens, policy, world_size, grad_accum, balanced):
     lengths = np.asarray(lengths)
     too_long = np.flatnonzero(lengths > max_tokens)
     if policy == "drop" and too_long.size == lengths.size:
         return  # dropping everything is an error (tested in test_validate)
-    p = plan(lengths, Budget(max_tokens), name, oversize=policy, world_size=2)
+    p = plan(lengths, Budget(max_tokens), name, oversize=policy, world_size=world_size, grad_accum=grad_accum,
+             balance=RankBalance(window_steps=2) if balanced else None)
     assert p.exactly_once() and p.budget_violations().size == 0
+    kept = np.setdiff1d(np.arange(lengths.size), too_long) if policy == "drop" else np.arange(lengths.size)
+    np.testing.assert_array_equal(np.sort(p.sample_indices), kept)  # independent of Plan.exactly_once
+    sizes = p.micro_batch_sizes().reshape(p.num_steps, world_size * grad_accum)
+    assert np.all(sizes[:-1] > 0) and sizes[-1].max() > 0  # empty slots only in the final step
     if policy == "truncate":
         np.testing.assert_array_equal(p.truncated, too_long)
         np.testing.assert_array_equal(p.lengths, np.minimum(lengths, max_tokens))

@@ -18,6 +18,11 @@ from strategies.validate import as_length_array, prepare_lengths
         (np.array([3.0, 7.25]), r"lengths\[1\] = .*7\.25.* is not a whole number"),
         ([4, float("nan")], r"lengths\[1\] = nan is not a finite number"),
         (np.array([1.0, 2.0, np.inf]), r"lengths\[2\] = .*inf.* is not a finite number"),
+        # whole floats beyond int64 used to wrap to a negative length and be planned silently
+        ([5.0, 1e20], r"lengths\[1\] = 1e\+20 does not fit in int64"),
+        (np.array([3.0, -1e19]), r"lengths\[1\] = -1e\+19 does not fit in int64"),
+        ([5, 2**70], r"lengths\[1\] = 1180591620717411303424 does not fit in int64"),
+        ([5, 2**63], r"lengths\[1\] = 9223372036854775808 does not fit in int64"),
         ([3, True, 4], r"lengths\[1\] = True is a bool, not a token count; pass integer lengths"),
         (np.array([True, False]), r"lengths\[0\] = .*True.* is a bool"),
         (["12", "7"], r"lengths\[0\] = '12' is a str, not an integer token count; convert the lengths"),
@@ -104,8 +109,16 @@ def test_budget_forms(budget, pattern):
 def test_budget_checks_its_own_fields():
     with pytest.raises(ValueError, match="smaller than one token"):
         Budget(0)
-    with pytest.raises(ValueError, match=r"max_samples=0 must be a positive integer or None"):
+    with pytest.raises(ValueError, match=r"max_samples=0 must be a positive integer \(at most 2\*\*40\) or None"):
         Budget(10, max_samples=0)
+    assert Budget(2**40).max_tokens == 2**40
+
+
+@pytest.mark.parametrize("max_tokens", [2**40 + 1, 2**63, 2**70])
+def test_budget_beyond_int64_safe_range_is_a_clear_error_not_an_overflow(max_tokens):
+    # 2**70 used to reach the compiled kernels and die with OverflowError (a traceback in the CLI)
+    with pytest.raises(ValueError, match=rf"Budget.max_tokens={max_tokens} is larger than 1099511627776"):
+        plan([5, 6], max_tokens, "sorted")
 
 
 def test_validation_runs_before_any_work():

@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,7 +33,6 @@ EXIT_BAD_INPUT = 2
 PROGRESS_MIN_SAMPLES = 100_000
 # Samples planned once per strategy before timing, so one-off compilation is not timed.
 WARMUP_SAMPLES = 4096
-EDGE_METHODS = ("dp", "quantile", "equal_tokens")
 
 
 class BadInput(ValueError):
@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_edges(text: str | None) -> str | list[int] | None:
     """``--edges``: a method name or a comma list of positive integer lengths."""
+    from strategies.edges import EDGE_METHODS
+
     if text is None:
         return None
     text = text.strip()
@@ -164,8 +166,11 @@ def compare_strategies(
         for name in names:
             options = bucket_options if name == "bucketed" else {}
             progress.set_postfix_str(name)
-            # Warm-up: compiles the strategy's kernels so the timed epochs measure planning only.
-            strategies.plan(lengths[:WARMUP_SAMPLES], budget, strategy=name, epoch=0, **common, **options)
+            # Warm-up: compiles the strategy's kernels so the timed epochs measure planning only. The
+            # sample is clipped to the budget: under --oversize drop a prefix of only oversize samples
+            # would otherwise be refused ("left no sample") although the whole dataset plans fine.
+            warmup_lengths = np.minimum(lengths[:WARMUP_SAMPLES], budget.max_tokens)
+            strategies.plan(warmup_lengths, budget, strategy=name, epoch=0, **common, **options)
             epoch_metrics: list[dict[str, Any]] = []
             seconds: list[float] = []
             previous = None
@@ -285,6 +290,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--balance-window {args.balance_window} needs --balance")
     if args.acf_lags < 1:
         return _fail(f"--acf-lags {args.acf_lags} must be at least 1")
+    if args.report_dir is not None:  # before any planning: a report that cannot be written fails fast
+        if Path(args.report_dir).exists() and not Path(args.report_dir).is_dir():
+            return _fail(f"--report-dir {args.report_dir!r} is an existing file; give a directory (created if missing)")
+        try:
+            Path(args.report_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            return _fail(f"--report-dir {args.report_dir!r}: cannot write the report ({err})")
     try:
         names = select_strategies(args.strategies, strategies.available_strategies())
         parse_edges(args.edges)
@@ -292,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lengths = load_lengths(source, column=args.column, split=args.split)
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False
         rows = compare_strategies(lengths, args, names, show_progress)
-    except (BadInput, LengthsSourceError, FileNotFoundError, strategies.LengthsError, ValueError) as err:
+    except (BadInput, LengthsSourceError, strategies.LengthsError, ValueError, OSError) as err:
         return _fail(str(err))
 
     if args.json:
@@ -304,14 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(format_table(rows))
     if args.report_dir is not None:
-        _write_report(rows, args, source, lengths.size)
+        try:
+            _write_report(rows, args, source, lengths.size)
+        except OSError as err:
+            return _fail(f"--report-dir {args.report_dir!r}: cannot write the report ({err})")
     return 0
 
 
 def _write_report(rows: list[dict[str, Any]], args: argparse.Namespace, source: str, samples: int) -> None:
     """``--report-dir``: the comparison as JSON, CSV, a trade-off figure and a markdown report."""
-    from pathlib import Path
-
     from analysis.plan_report import write_plan_report
 
     title = (

@@ -74,17 +74,22 @@ def load_lengths(
     """
     text = os.fspath(source)
     if text.startswith(PROFILE_PREFIX):
-        return _load_profile(text[len(PROFILE_PREFIX) :], column)
+        return _load_profile(text[len(PROFILE_PREFIX) :], column, split)
     path = Path(text)
     if not path.exists():
         if text in PROFILES:
-            return _load_profile(text, column)
+            return _load_profile(text, column, split)
         raise FileNotFoundError(
             f"lengths source {text!r} does not exist; give {SUPPORTED_FORMATS}"
         )
     if path.is_dir():
         lengths = _load_saved_dataset(path, column, split)
     else:
+        if split is not None:
+            raise LengthsSourceError(
+                f"{path}: split={split!r} applies only to a dataset directory written by save_to_disk; "
+                "drop the split option"
+            )
         suffix = path.suffix.lower()
         if suffix == ".parquet":
             lengths = _load_parquet(path, column, progress)
@@ -106,8 +111,10 @@ def load_lengths(
 
 
 # -- formats -------------------------------------------------------------------------------------
-def _load_profile(name: str, column: str | None) -> np.ndarray:
+def _load_profile(name: str, column: str | None, split: str | None) -> np.ndarray:
     _reject_column(Path(PROFILE_PREFIX + name), column, "a profile is a list of lengths")
+    if split is not None:
+        raise LengthsSourceError(f"{PROFILE_PREFIX}{name}: split={split!r} does not apply to a profile; drop it")
     try:
         return profile_lengths(name)
     except ValueError as err:
@@ -187,16 +194,17 @@ def _load_jsonl(path: Path, column: str | None, progress: bool | None) -> np.nda
 def _load_npy(path: Path) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as err:
-        raise LengthsSourceError(f"{path}: not a numeric .npy array ({err}); save lengths as an int64 array") from None
+    except (ValueError, EOFError, OSError) as err:  # EOFError: empty or truncated file
+        raise LengthsSourceError(
+            f"{path}: not a readable numeric .npy array ({type(err).__name__}: {err}); save lengths with "
+            "np.save as an int64 array"
+        ) from None
     if array.ndim != 1:
         raise LengthsSourceError(
             f"{path}: array has shape {array.shape}; expected a 1-D array of lengths (use .ravel() before saving)"
         )
-    if array.dtype.kind in "iu":
-        return np.ascontiguousarray(array, dtype=np.int64)
-    if array.dtype.kind == "f":
-        return _whole_numbers(np.asarray(array), path, "array", row_word="index", row_base=0)
+    if array.dtype.kind in "iuf":
+        return _to_int64(np.asarray(array), path, "array", row_word="index", row_base=0)
     raise LengthsSourceError(f"{path}: array dtype {array.dtype} is not numeric; save lengths as int64")
 
 
@@ -207,19 +215,25 @@ def _load_text(path: Path) -> np.ndarray:
     words = np.array(nonblank) if nonblank else np.zeros(0, dtype="S1")
     try:
         return words.astype(np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     # Error path only: find the first line numpy could not parse and report it.
+    int64 = np.iinfo(np.int64)
     for line_number, token in enumerate(tokens, start=1):
         if token:
+            shown = token.decode("utf-8", errors="replace")
             try:
-                int(token)
+                value = int(token)
             except ValueError:
-                shown = token.decode("utf-8", errors="replace")
                 raise LengthsSourceError(
                     f"{path}: line {line_number}: {shown!r} is not an integer; a .txt lengths file "
                     "holds one whole number per line"
                 ) from None
+            if not int64.min <= value <= int64.max:
+                raise LengthsSourceError(
+                    f"{path}: line {line_number}: {shown!r} does not fit in a 64-bit integer; no sample is "
+                    "that long (check the file for corrupt values)"
+                )
     raise LengthsSourceError(f"{path}: could not parse the file as one integer per line")
 
 
@@ -263,26 +277,37 @@ def _arrow_to_lengths(
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         lengths = pc.list_value_length(arrow_column)
         return np.ascontiguousarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
-    if pa.types.is_integer(kind):
-        return np.ascontiguousarray(arrow_column.to_numpy(zero_copy_only=False), dtype=np.int64)
-    if pa.types.is_floating(kind):
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         values = arrow_column.to_numpy(zero_copy_only=False)
-        return _whole_numbers(values, path, f"column {name!r}", row_word, row_base)
+        return _to_int64(values, path, f"column {name!r}", row_word, row_base)
     raise LengthsSourceError(
         f"{path}: column {name!r} has type {kind}; expected a list column (its list lengths are "
         "used) or integer lengths — choose another column"
     )
 
 
-def _whole_numbers(values: np.ndarray, path: Path, what: str, row_word: str, row_base: int) -> np.ndarray:
-    bad = ~np.isfinite(values) | (values != np.rint(values))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+def _to_int64(values: np.ndarray, path: Path, what: str, row_word: str, row_base: int) -> np.ndarray:
+    """Integer or float values as int64, refusing fractions, NaN/inf and values int64 cannot hold."""
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values) | (values != np.rint(values))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise LengthsSourceError(
+                f"{path}: {what} at {row_word} {row + row_base} has value {values[row].item()!r}, not a whole "
+                "number of tokens; lengths must be integers"
+            )
+        too_large = np.abs(values) >= float(2**63)
+    elif values.dtype.kind == "u" and values.dtype.itemsize == 8:
+        too_large = values > np.iinfo(np.int64).max
+    else:
+        too_large = np.zeros(values.shape, dtype=bool)
+    if too_large.any():
+        row = int(np.flatnonzero(too_large)[0])
         raise LengthsSourceError(
-            f"{path}: {what} at {row_word} {row + row_base} has value {values[row].item()!r}, not a whole "
-            "number of tokens; lengths must be integers"
+            f"{path}: {what} at {row_word} {row + row_base} has value {values[row].item()!r}, which does not fit "
+            "in a 64-bit integer; no sample is that long (check the source for corrupt values)"
         )
-    return values.astype(np.int64)
+    return np.ascontiguousarray(values, dtype=np.int64)
 
 
 def _raise_jsonl_problem(path: Path, column: str | None, err: Exception) -> None:

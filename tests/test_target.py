@@ -169,6 +169,23 @@ def test_bf16_forward_stays_close_to_fp32() -> None:
     assert relative_error(out16.float(), out32) < 5e-2
 
 
+def test_bf16_target_keeps_rope_frequencies_in_fp32() -> None:
+    """Regression: casting to bf16 rounded inv_freq (0.01 -> 0.01001), off by 0.04 rad at position 4000."""
+    exact = HybridTarget(TINY).model.rotary_emb
+    hidden, positions = torch.zeros(1, 1, 64), torch.tensor([[4000]])
+    exact_cos, exact_sin = exact(hidden, positions)
+    for target in (HybridTarget(TINY, dtype=torch.bfloat16), HybridTarget(TINY).to(torch.bfloat16)):
+        rotary = target.model.rotary_emb
+        assert target.dtype == torch.bfloat16
+        assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, exact.inv_freq)
+        assert torch.equal(rotary.original_inv_freq, exact.original_inv_freq)
+        cos, sin = rotary(hidden.bfloat16(), positions)
+        assert cos.dtype == torch.bfloat16
+        # only the final bf16 rounding of values in [-1, 1] (<= 2**-9) remains
+        assert float((cos.float() - exact_cos).abs().max()) <= 2**-8
+        assert float((sin.float() - exact_sin).abs().max()) <= 2**-8
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

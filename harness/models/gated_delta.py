@@ -143,16 +143,25 @@ def _prepare(
     use_qk_l2norm_in_kernel: bool,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Upcast, expand key heads to value heads, l2-normalise and scale q, k (transformers' order)."""
+    """Upcast, l2-normalise and scale q, k, and expand key heads to value heads.
+
+    Normalising before the expansion gives the same values as transformers' order (expand, then
+    normalise: each head vector is normalised on its own) on H instead of HV heads.
+    """
     q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, g, beta))
-    if shapes.value_heads != shapes.key_heads:
-        repeats = shapes.value_heads // shapes.key_heads
-        q = q.repeat_interleave(repeats, dim=2)
-        k = k.repeat_interleave(repeats, dim=2)
     if use_qk_l2norm_in_kernel:
         q = l2norm(q)
         k = l2norm(k)
-    return q * scale, k, v, g, beta
+    q, k = _expand_key_heads(q * scale, k, shapes)
+    return q, k, v, g, beta
+
+
+def _expand_key_heads(q: torch.Tensor, k: torch.Tensor, shapes: _Shapes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat each q/k head HV // H times so that value head h reads key head h // (HV // H)."""
+    if shapes.value_heads == shapes.key_heads:
+        return q, k
+    repeats = shapes.value_heads // shapes.key_heads
+    return q.repeat_interleave(repeats, dim=2), k.repeat_interleave(repeats, dim=2)
 
 
 def _document_bounds(shapes: _Shapes, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int]]:
@@ -273,10 +282,7 @@ def _fla(
     """Call fla's Triton kernel (keyword arguments only: positional calls of some fla ops mis-bind)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    if shapes.value_heads != shapes.key_heads:
-        repeats = shapes.value_heads // shapes.key_heads
-        q = q.repeat_interleave(repeats, dim=2)
-        k = k.repeat_interleave(repeats, dim=2)
+    q, k = _expand_key_heads(q, k, shapes)
     o, final = chunk_gated_delta_rule(
         q=q,
         k=k,

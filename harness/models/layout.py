@@ -46,19 +46,11 @@ class TokenBatch:
                 )
 
     @property
-    def layout(self) -> Layout:
-        return "packed" if self.cu_seqlens is not None else "padded"
-
-    @property
     def doc_lengths(self) -> torch.Tensor:
         """Length of every document (int64), in row order (padded) or row position (packed)."""
         if self.cu_seqlens is not None:
             return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
         return self.attention_mask.long().sum(dim=1)
-
-    @property
-    def num_real_tokens(self) -> int:
-        return int(self.doc_lengths.sum())
 
     def to(self, device: torch.device | str) -> TokenBatch:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731

@@ -23,7 +23,7 @@ Face checkpoint directory (:meth:`HybridTarget.from_pretrained`), loads without 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,24 @@ class GatedAttentionMixer(Qwen3_5Attention):
         return self.o_proj(out)
 
 
+class Fp32RotaryEmbedding(Qwen3_5TextRotaryEmbedding):
+    """transformers' rotary embedding whose inverse frequencies stay fp32 when the model is cast.
+
+    ``model.to(torch.bfloat16)`` would otherwise round ``inv_freq`` to bf16 (relative error up to 2**-9),
+    shifting RoPE angles by up to ~5 rad at position 4096 on the 27B config; transformers keeps them in
+    fp32 when it loads a model in bf16, and so must we. Device moves still apply.
+    """
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Fp32RotaryEmbedding:
+        exact = dict(self.named_buffers(recurse=False))
+        super()._apply(fn, recurse)
+        for name, before in exact.items():
+            after = getattr(self, name)
+            if after is not None and after.dtype != before.dtype:
+                setattr(self, name, before.to(after.device))
+        return self
+
+
 class HybridDecoderLayer(nn.Module):
     """One pre-norm decoder layer: a token mixer (GDN or attention) then the SwiGLU MLP, both residual."""
 
@@ -182,7 +200,7 @@ class HybridTextModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList(HybridDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = Qwen3_5RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3_5TextRotaryEmbedding(config=config)
+        self.rotary_emb = Fp32RotaryEmbedding(config=config)
 
 
 class HybridTarget(nn.Module):
@@ -193,7 +211,7 @@ class HybridTarget(nn.Module):
             takes (a ``conf/target/*.yaml`` path, a dict, a checkpoint directory).
         tap_layer_ids: default layers to tap; if None, DFlash's rule for ``num_draft_layers``.
         num_draft_layers: drafter depth used by the default tap rule.
-        dtype: parameter dtype (fp32 by default; bf16 is the GPU choice).
+        dtype: parameter dtype (fp32 by default; bf16 is the GPU choice; RoPE frequencies stay fp32).
         attention_backend: packed-row attention kernel (``auto``, ``sdpa``, ``flex``, ``flash``).
 
     All parameters are frozen (``requires_grad=False``) and the module stays in eval mode.
@@ -382,7 +400,7 @@ class HybridTarget(nn.Module):
         if tied:
             model.lm_head.weight = model.model.embed_tokens.weight
         # non-persistent rotary buffers were created on the meta device
-        model.model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=config).to(device)
+        model.model.rotary_emb = Fp32RotaryEmbedding(config=config).to(device)
         model.requires_grad_(False)
         return model.eval()
 

@@ -14,7 +14,12 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
-from harness.models.gated_delta import GATED_DELTA_BACKENDS, gated_delta_rule, resolve_backend
+from harness.models.gated_delta import (
+    GATED_DELTA_BACKENDS,
+    default_chunk_size,
+    gated_delta_rule,
+    resolve_backend,
+)
 
 FP32_TOL = 1e-5
 FP64_TOL = 1e-10
@@ -265,3 +270,19 @@ def test_known_backends_are_listed():
     assert GATED_DELTA_BACKENDS == ("torch-chunk", "torch-recurrent", "fla")
     with pytest.raises(ValueError, match="torch-chunk.*torch-recurrent.*fla"):
         _bad_call(backend="cuda")
+
+
+@pytest.mark.parametrize("key_dim, expected", [(8, 16), (16, 16), (64, 32), (128, 64), (256, 64)])
+def test_default_chunk_size_follows_the_key_head_dim(key_dim, expected):
+    assert default_chunk_size(key_dim) == expected
+
+
+def test_default_chunk_size_gives_the_same_result_as_any_explicit_chunk():
+    lengths = [1, 40, 97, 16]
+    inputs = random_inputs(1, sum(lengths), key_dim=16, value_dim=16, num_states=len(lengths), dtype=torch.float64)
+    cu_seqlens = cu_seqlens_of(lengths)
+    default_o, default_state = run(inputs, cu_seqlens=cu_seqlens, output_final_state=True)
+    for chunk_size in (7, 64):
+        o, state = run(inputs, cu_seqlens=cu_seqlens, output_final_state=True, chunk_size=chunk_size)
+        assert rel_diff(default_o, o) < 1e-10
+        assert rel_diff(default_state, state) < 1e-10

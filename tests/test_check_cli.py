@@ -1,6 +1,7 @@
 """``batchlab-check`` in-process: passes on exact packing, fails (exit 1) when packing leaks."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -46,6 +47,27 @@ def test_the_table_names_the_verdict(capsys):
     out = capsys.readouterr().out
     assert "max rel diff" in out and "drafter gradients" in out
     assert out.rstrip().endswith("ok: every difference within tolerance")
+
+
+def test_a_non_finite_difference_fails_and_the_json_stays_strict(capsys, monkeypatch):
+    for value in (math.nan, math.inf):
+        row = check.CheckRow("drafter loss (sum w*CE, sum w)", "packed vs separate", value, 1e-4)
+        assert not row.ok and row.to_dict()["max_rel_diff"] is None
+    # NaN in the difference of every check (e.g. a model that overflows): not ok, exit 1, strict JSON
+    monkeypatch.setattr(check, "relative_difference", lambda value, reference: math.nan)
+    status = main(["--json", "--device", "cpu", "--lengths", "1,9"])
+    report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    assert status == 1 and report["ok"] is False
+    assert all(c["max_rel_diff"] is None and not c["ok"] for c in report["checks"])
+    assert main(["--device", "cpu", "--lengths", "1,9"]) == 1
+    table = capsys.readouterr().out
+    assert "not finite" in table and table.rstrip().endswith("NOT OK: 8 of 8 checks exceed their tolerance")
+
+
+def test_documents_without_anchors_are_named(capsys):
+    status, report = run_json(capsys, "--lengths", "1,1")
+    assert status == 0 and report["blocks"] == 0
+    assert any("no document has an anchor" in note for note in report["notes"])
 
 
 def test_bad_input_exits_2_with_the_value(capsys):

@@ -59,12 +59,13 @@ def dense_reference_logits(drafter, documents, features, anchors):
 
     Keys are [all context tokens of all documents ; all blocks]; a query of block j sees context
     tokens of its own document strictly before its anchor, and its own block. Independent of the
-    per-document attention in the drafter, it checks that code against the DESIGN.md rule.
+    per-document attention in the drafter (and of its context fusion), it checks that code against
+    the DESIGN.md rule: context = hidden_norm(fc(tapped layers concatenated on the feature axis)).
     """
     batch, states = packed_inputs(documents, features)
     flat = FlatDocuments.from_batch(batch)
     layout = build_block_layout(flat, anchors, drafter.block_size)
-    context = drafter.fuse_context(flat, states)
+    context = drafter.hidden_norm(drafter.fc(torch.cat([layer[0] for layer in states], dim=-1)))
     hidden = drafter.embed(block_input_ids(flat, layout, drafter.mask_token_id))
     nb, bs, _ = hidden.shape
     q_doc = layout.doc_index.repeat_interleave(bs)
@@ -197,6 +198,20 @@ def test_labels_are_the_tokens_at_anchor_plus_slot_not_shifted():
     assert targets.valid.tolist() == [[True] * 3, [True] * 3, [True, False, False], [True] * 3]
 
 
+def test_a_label_whose_loss_mask_is_zero_does_not_count():
+    documents = [torch.arange(10), torch.arange(20, 25)]
+    loss_masks = [torch.ones(10, dtype=torch.long), torch.ones(5, dtype=torch.long)]
+    loss_masks[0][6] = 0  # e.g. a second user turn inside an assistant answer
+    loss_masks[1][3] = 0
+    for layout_name in ("padded", "packed"):
+        flat = FlatDocuments.from_batch(TokenBatch.from_documents(documents, layout_name, loss_masks))
+        layout = build_block_layout(flat, [torch.tensor([0, 4]), torch.tensor([1])], block_size=4)
+        targets = block_targets(flat, layout)
+        # slot k of the block at a is masked exactly where loss_mask[a + k] is 0
+        assert targets.valid.tolist() == [[True] * 3, [True, False, True], [True, False, True]], layout_name
+        assert targets.labels.tolist() == [[1, 2, 3], [5, 0, 7], [22, 0, 24]], layout_name
+
+
 def test_a_planted_perfect_predictor_scores_full_accuracy_and_tau():
     drafter = make_drafter(block_size=4)
     documents, anchors = documents_and_anchors()
@@ -252,6 +267,15 @@ def test_padding_blocks_see_nothing_and_change_no_sum():
         torch.testing.assert_close(getattr(padded, name), getattr(plain, name), rtol=1e-10, atol=1e-10)
     grads = torch.autograd.grad(padded.weighted_ce_sum, list(drafter.parameters()))
     assert all(torch.isfinite(g).all() for g in grads)
+    # A padding block sees nothing, not even its own slots: its attention output is exactly zero, so
+    # its logits are those of the residual path through the MLPs alone.
+    hidden = drafter.embed(torch.full((1, drafter.block_size), drafter.mask_token_id))
+    for layer in drafter.layers:
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    attention_free = drafter.lm_head(drafter.norm(hidden[:, 1:]))[0]
+    padding_logits = padded_output.logits[~padded_output.layout.keep]
+    assert padding_logits.shape[0] == 13
+    torch.testing.assert_close(padding_logits, attention_free.expand_as(padding_logits), rtol=1e-12, atol=1e-12)
 
 
 def test_anchors_follow_the_loss_mask_and_stay_inside_their_document():
@@ -302,6 +326,8 @@ def test_bad_input_is_named():
         drafter(too_big, states, anchors=anchors)
     with pytest.raises(ValueError, match="anchors\\[0\\] holds position 8 but document 0 has 9 tokens"):
         drafter(batch, states, anchors=[torch.tensor([8]), *anchors[1:]])
+    with pytest.raises(ValueError, match="anchors\\[0\\] must be a 1-D integer tensor"):
+        drafter(batch, states, anchors=[torch.tensor([True, False]), *anchors[1:]])
     with pytest.raises(ValueError, match="anchors has 2 entries but the batch holds 4 documents"):
         drafter(batch, states, anchors=anchors[:2])
     with pytest.raises(ValueError, match="target_hidden_states\\[1\\] has shape"):

@@ -183,7 +183,8 @@ def build_block_layout(
     lengths = documents.doc_lengths.tolist()
     counts = [int(a.numel()) for a in anchors]
     for doc, (positions, length) in enumerate(zip(anchors, lengths)):
-        if positions.dim() != 1 or positions.dtype.is_floating_point:
+        integer = not (positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool)
+        if positions.dim() != 1 or not integer:
             raise ValueError(
                 f"anchors[{doc}] must be a 1-D integer tensor, "
                 f"got shape {tuple(positions.shape)} dtype {positions.dtype}"

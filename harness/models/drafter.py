@@ -163,19 +163,33 @@ class _DocumentSlice:
     visible: torch.Tensor  # [nb, context_len] bool
 
 
+@dataclass(frozen=True)
+class _SharedLayerInputs:
+    """What every drafter layer reads besides the block hidden states: the fused context and the layout."""
+
+    context: torch.Tensor  # [N, D] fused context of every real token
+    context_rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [N, head_dim] at in-document positions
+    block_rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [NB, B, head_dim] at anchor + k
+    documents: list[_DocumentSlice]  # documents that hold at least one block, in block order
+    keep: torch.Tensor  # [NB] bool, False for padding blocks
+
+
 def _document_slices(documents: FlatDocuments, layout: BlockLayout) -> list[_DocumentSlice]:
     slices = []
     block_start = 0
     counts = layout.blocks_per_document.tolist()
     starts = documents.doc_starts.tolist()
-    for doc, n_blocks in enumerate(counts):
+    # Positions at or after a document's last kept anchor are never visible: leave them out altogether.
+    kept_anchor = torch.where(layout.keep, layout.anchor, 0)
+    context_lengths = torch.zeros_like(layout.blocks_per_document).scatter_reduce_(
+        0, layout.doc_index, kept_anchor, reduce="amax"
+    ).tolist()
+    for doc, (n_blocks, context_len) in enumerate(zip(counts, context_lengths)):
         if n_blocks == 0:
             continue
         rows = slice(block_start, block_start + n_blocks)
         block_start += n_blocks
         anchor, keep = layout.anchor[rows], layout.keep[rows]
-        # Positions at or after the last anchor are never visible: leave them out altogether.
-        context_len = int(torch.where(keep, anchor, 0).max())
         slices.append(
             _DocumentSlice(
                 blocks=rows,
@@ -203,16 +217,9 @@ class DFlashAttention(nn.Module):
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        block_hidden: torch.Tensor,
-        context: torch.Tensor,
-        block_rope: tuple[torch.Tensor, torch.Tensor],
-        context_rope: tuple[torch.Tensor, torch.Tensor],
-        documents: Sequence[_DocumentSlice],
-        keep: torch.Tensor,
-    ) -> torch.Tensor:
-        """``block_hidden`` ``[NB, B, D]`` (already normed), ``context`` ``[N, D]`` -> ``[NB, B, D]``."""
+    def forward(self, block_hidden: torch.Tensor, shared: _SharedLayerInputs) -> torch.Tensor:
+        """``block_hidden`` ``[NB, B, D]`` (already normed) and the shared context -> ``[NB, B, D]``."""
+        context, keep = shared.context, shared.keep
         num_blocks, block_size, _ = block_hidden.shape
         groups = self.num_heads // self.num_kv_heads
         kv_shape = (self.num_kv_heads, self.head_dim)
@@ -221,8 +228,8 @@ class DFlashAttention(nn.Module):
         v_block = self.v_proj(block_hidden).view(num_blocks, block_size, *kv_shape)
         k_context = self.k_norm(self.k_proj(context).view(-1, *kv_shape))
         v_context = self.v_proj(context).view(-1, *kv_shape)
-        q, k_block = _rotate(q, *block_rope), _rotate(k_block, *block_rope)
-        k_context = _rotate(k_context, *context_rope)
+        q, k_block = _rotate(q, *shared.block_rope), _rotate(k_block, *shared.block_rope)
+        k_context = _rotate(k_context, *shared.context_rope)
         # [NB, B, H, d] -> [NB, B, H_kv, groups, d]: query heads grouped by the key/value head they share.
         q = q.view(num_blocks, block_size, self.num_kv_heads, groups, self.head_dim) * self.scaling
         # Written by hand rather than with SDPA: each block attends to [its document's context prefix ;
@@ -230,11 +237,12 @@ class DFlashAttention(nn.Module):
         # (context + blocks x B) mask. Scores against the own block are batched over all blocks.
         block_scores = torch.einsum("nbhgd,nchd->nbhgc", q, k_block)  # [NB, B, H_kv, g, B]
         outputs = []
-        for doc in documents:
+        for doc in shared.documents:
             rows = doc.blocks
             q_doc = q[rows]
             context_scores = torch.einsum("nbhgd,thd->nbhgt", q_doc, k_context[doc.context])
-            scores = torch.cat([context_scores, block_scores[rows]], dim=-1).float()
+            scores = torch.cat([context_scores, block_scores[rows]], dim=-1)
+            scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # softmax in >= fp32
             visible = torch.cat(
                 [doc.visible, keep[rows, None].expand(-1, block_size)], dim=-1
             )[:, None, None, None, :]
@@ -263,19 +271,9 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(
-        self,
-        block_hidden: torch.Tensor,
-        context: torch.Tensor,
-        block_rope: tuple[torch.Tensor, torch.Tensor],
-        context_rope: tuple[torch.Tensor, torch.Tensor],
-        documents: Sequence[_DocumentSlice],
-        keep: torch.Tensor,
-    ) -> torch.Tensor:
+    def forward(self, block_hidden: torch.Tensor, shared: _SharedLayerInputs) -> torch.Tensor:
         """One pre-norm residual attention + MLP step on the block hidden states ``[NB, B, D]``."""
-        attended = self.self_attn(
-            self.input_layernorm(block_hidden), context, block_rope, context_rope, documents, keep
-        )
+        attended = self.self_attn(self.input_layernorm(block_hidden), shared)
         block_hidden = block_hidden + attended
         return block_hidden + self.mlp(self.post_attention_layernorm(block_hidden))
 
@@ -456,11 +454,15 @@ class DFlashDrafter(nn.Module):
         layout = build_block_layout(documents, anchors, self.block_size, blocks_per_document)
         context = self.fuse_context(documents, states)
         hidden = self.embed(block_input_ids(documents, layout, self.mask_token_id)).to(self.fc.weight.dtype)
-        block_rope = self.rotary_emb(hidden, layout.slot_positions())
-        context_rope = tuple(r[0] for r in self.rotary_emb(context, documents.position_in_document[None]))
-        slices = _document_slices(documents, layout)
+        shared = _SharedLayerInputs(
+            context=context,
+            context_rope=tuple(r[0] for r in self.rotary_emb(context, documents.position_in_document[None])),
+            block_rope=self.rotary_emb(hidden, layout.slot_positions()),
+            documents=_document_slices(documents, layout),
+            keep=layout.keep,
+        )
         for layer in self.layers:
-            hidden = layer(hidden, context, block_rope, context_rope, slices, layout.keep)
+            hidden = layer(hidden, shared)
         logits = self.lm_head(self.norm(hidden[:, 1:]).to(self.lm_head.weight.dtype))
         targets = block_targets(documents, layout)
         return DrafterOutput(logits, targets.labels, targets.valid, layout, [a.clone() for a in anchors])

@@ -128,10 +128,10 @@ def test_a_target_that_leaks_state_across_documents_breaks_the_parity(models, do
     tokens, loss_masks = documents
     anchors = packed_anchors(drafter, tokens, loss_masks)
     honest, honest_grads = loss_and_grads(target, drafter, tokens, loss_masks, "packed", anchors)
-    target._disable_document_reset = True
+    target.leak_across_documents = True
     try:
         leaky, leaky_grads = loss_and_grads(target, drafter, tokens, loss_masks, "packed", anchors)
     finally:
-        target._disable_document_reset = False
+        target.leak_across_documents = False
     fc = [n for n, _ in drafter.named_parameters()].index("fc.weight")
     assert relative_difference(leaky_grads[fc], honest_grads[fc]) > 100 * TOLERANCE

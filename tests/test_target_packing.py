@@ -103,11 +103,11 @@ def test_left_padding_matches_separate_runs(target, docs, alone) -> None:
 
 def test_negative_control_without_document_reset_leaks(target, docs, alone) -> None:
     batch = TokenBatch.from_documents(docs, "packed")
-    target._disable_document_reset = True
+    target.leak_across_documents = True
     try:
         leaked = worst_error_per_layer(target(batch), batch, alone)
     finally:
-        target._disable_document_reset = False
+        target.leak_across_documents = False
     assert max(leaked) > 1e-2, f"cross-document leak not detected: per-layer relative errors {leaked}"
     restored = worst_error_per_layer(target(batch), batch, alone)
     assert max(restored) <= TOLERANCE

@@ -266,7 +266,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     target = HybridTarget(_config_path(args.target), num_draft_layers=drafter_config.num_hidden_layers,
                           tap_layer_ids=drafter_config.target_layer_ids, dtype=dtype).to(device)
     drafter = DFlashDrafter.from_target(target, drafter_config)
-    target._disable_document_reset = bool(args.negative_control)
+    target.leak_across_documents = bool(args.negative_control)
 
     generator = torch.Generator().manual_seed(args.seed)
     tokens, loss_masks = _documents(lengths, target.config.vocab_size, generator)

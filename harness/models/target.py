@@ -240,9 +240,10 @@ class HybridTarget(nn.Module):
             else check_tap_layer_ids(tap_layer_ids, n_layers)
         )
         self.attention_backend = attention_backend
-        # Test hook (negative control): when True the linear layers ignore cu_seqlens, i.e. GDN state and
-        # the short conv leak across document boundaries of a packed row.
-        self._disable_document_reset = False
+        # Negative control (`batchlab-check --negative-control`, tests): when True the linear layers
+        # ignore cu_seqlens, so GDN state and the short conv leak across the documents of a packed row,
+        # as in implementations without document isolation. Never set it for training.
+        self.leak_across_documents = False
         self.requires_grad_(False)
         self.eval()
         if dtype is not None:
@@ -314,7 +315,7 @@ class HybridTarget(nn.Module):
             attention_mask = batch.attention_mask
             if not bool(attention_mask.bool().all()):
                 padding_mask = attention_mask.to(self.dtype)
-        linear_cu_seqlens = None if self._disable_document_reset else cu_seqlens
+        linear_cu_seqlens = None if self.leak_across_documents else cu_seqlens
 
         hidden = self.model.embed_tokens(input_ids)
         deepest = max(layer_ids)

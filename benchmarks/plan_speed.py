@@ -10,7 +10,10 @@ On the ``chat-902k`` profile at ``max_tokens=16384`` and world size 8, in one ru
    and rank imbalance of each plan and of the sampler's batches — 16 samples per batch, batch
    ``i`` on rank ``i % 8`` (how a distributed data loader deals them), so that 8 consecutive
    batches make one optimizer step and the ACF is measured per step (DESIGN.md §3);
-3. padding efficiency of ``bucketed`` with dp, quantile and equal_tokens edges at 4, 8, 16 buckets;
+3. padding efficiency of ``bucketed`` with dp (budget-aware), dp_upper (the budget-free dp),
+   quantile and equal_tokens edges at 4 to 64 buckets (edges computed by ``bucket_edges`` at the
+   benchmark's budget and passed explicitly, so every column is the method named), and the time to
+   compute each method's edges (cache cleared);
 4. peak memory of planning 1M lengths per strategy, in a fresh subprocess: peak resident set size
    (``VmHWM`` after resetting it through ``/proc/self/clear_refs``) minus the resident size just
    before planning (after imports, the lengths and a warm-up on a few samples). Resident size,
@@ -43,8 +46,9 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
 
 import strategies  # noqa: E402
 from harness.data.profiles import profile_lengths  # noqa: E402
-from strategies.edges import EDGE_METHODS  # noqa: E402
+from strategies.edges import _cached_edges, bucket_edges  # noqa: E402
 from strategies.metrics import plan_metrics  # noqa: E402
+from results_file import write_section  # noqa: E402
 
 RESULTS_PATH = REPO_ROOT / "benchmarks" / "RESULTS.md"
 SECTION_TITLE = "## Planning (strategies)"
@@ -53,7 +57,14 @@ MAX_TOKENS = 16384
 WORLD_SIZE = 8
 SAMPLER_BATCH_SIZE = 16
 STRATEGY_NAMES = ("sorted", "shuffle", "bucketed", "packed")
-EDGE_BUCKET_COUNTS = (4, 8, 16)
+EDGE_BUCKET_COUNTS = (4, 8, 16, 32, 64)
+#: edge methods of the bucket-edge table, with their column labels
+EDGE_TABLE_METHODS = {
+    "dp": "dp (budget-aware)",
+    "dp_upper": "dp_upper (sum of upper edges)",
+    "quantile": "quantile",
+    "equal_tokens": "equal_tokens",
+}
 MEMORY_SAMPLES = 1_000_000
 WARMUP_SAMPLES = 4096
 SHARED_MACHINE_NOTE = (
@@ -151,13 +162,21 @@ def measure_sampler(lengths: np.ndarray, repeats: int) -> dict[str, Any]:
     }
 
 
-def measure_edges(lengths: np.ndarray) -> dict[tuple[str, int], float]:
-    efficiency = {}
-    for method in EDGE_METHODS:
+def measure_edges(lengths: np.ndarray) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
+    """``(efficiency, seconds)`` per (method, buckets): real padding efficiency of ``bucketed`` with
+    those edges, and the time to compute the edges from the lengths with an empty cache."""
+    budget = strategies.Budget(MAX_TOKENS)
+    bucket_edges(lengths[:WARMUP_SAMPLES], 4, "dp", budget=budget)  # compiles the kernels
+    efficiency, seconds = {}, {}
+    for method in EDGE_TABLE_METHODS:
         for buckets in EDGE_BUCKET_COUNTS:
-            plan = plan_strategy(lengths, "bucketed", 0, num_buckets=buckets, edges=method)
+            _cached_edges.cache_clear()
+            started = time.perf_counter()
+            edges = bucket_edges(lengths, buckets, method, budget=budget)
+            seconds[(method, buckets)] = time.perf_counter() - started
+            plan = plan_strategy(lengths, "bucketed", 0, num_buckets=buckets, edges=edges.tolist())
             efficiency[(method, buckets)] = float(plan.micro_batch_tokens().sum() / plan.micro_batch_slots().sum())
-    return efficiency
+    return efficiency, seconds
 
 
 MEMORY_PROBE = """
@@ -240,7 +259,7 @@ def goal_rows(rows: list[dict], sampler: dict, memory: dict[str, dict]) -> list[
     return goals
 
 
-def render(rows, sampler, edges, memory, goals, repeats: int, command: str) -> str:
+def render(rows, sampler, edges, edge_seconds, memory, goals, repeats: int, command: str) -> str:
     lines = [SECTION_TITLE, ""]
     lines.append(f"Command: `{command}` · machine: {machine_description()} · date: {dt.date.today().isoformat()}.")
     lines.append(SHARED_MACHINE_NOTE)
@@ -275,10 +294,24 @@ def render(rows, sampler, edges, memory, goals, repeats: int, command: str) -> s
     lines.append("")
     lines.append("### Bucket edges — padding efficiency of `bucketed`, same data, budget and world size")
     lines.append("")
-    lines.append("| buckets | " + " | ".join(EDGE_METHODS) + " |")
-    lines.append("| ---: | " + " | ".join("---:" for _ in EDGE_METHODS) + " |")
+    lines.append(
+        "Edges from `bucket_edges(lengths, buckets, method, budget=Budget(max_tokens))`, passed to `bucketed` "
+        "explicitly. `dp` minimises the padded slots expected at the budget; `dp_upper` (the dp before "
+        "the budget-aware objective) minimises the sum of upper edges."
+    )
+    lines.append("")
+    lines.append("| buckets | " + " | ".join(EDGE_TABLE_METHODS.values()) + " |")
+    lines.append("| ---: | " + " | ".join("---:" for _ in EDGE_TABLE_METHODS) + " |")
     for buckets in EDGE_BUCKET_COUNTS:
-        lines.append(f"| {buckets} | " + " | ".join(f"{edges[(m, buckets)]:.2%}" for m in EDGE_METHODS) + " |")
+        lines.append(f"| {buckets} | " + " | ".join(f"{edges[(m, buckets)]:.2%}" for m in EDGE_TABLE_METHODS) + " |")
+    lines.append(
+        "| edges s (4 / 64 buckets) | "
+        + " | ".join(
+            f"{edge_seconds[(m, EDGE_BUCKET_COUNTS[0])]:.3f} / {edge_seconds[(m, EDGE_BUCKET_COUNTS[-1])]:.3f}"
+            for m in EDGE_TABLE_METHODS
+        )
+        + " |"
+    )
     lines.append("")
     lines.append("### Peak memory of planning 1,000,000 lengths (fresh process per strategy)")
     lines.append("")
@@ -299,19 +332,6 @@ def render(rows, sampler, edges, memory, goals, repeats: int, command: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_section(section: str, path: Path = RESULTS_PATH) -> None:
-    """Replace (or append) the planning section of the results file, leaving other sections alone."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION_TITLE), None)
-    if start is None:
-        new_text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = "".join(lines[end:])
-        new_text = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    path.write_text(new_text)
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the markdown report; ``--write`` also updates RESULTS.md."""
@@ -329,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print("Hugging Face sampler ...", file=sys.stderr)
     sampler = measure_sampler(lengths, args.repeats)
     print("bucket edges ...", file=sys.stderr)
-    edges = measure_edges(lengths)
+    edges, edge_seconds = measure_edges(lengths)
     memory = {}
     if not args.skip_memory:
         for name in STRATEGY_NAMES:
@@ -337,12 +357,12 @@ def main(argv: list[str] | None = None) -> int:
             memory[name] = measure_memory(name)
     goals = goal_rows(rows, sampler, memory)
     command = "python benchmarks/plan_speed.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    section = render(rows, sampler, edges, memory, goals, args.repeats, command)
+    section = render(rows, sampler, edges, edge_seconds, memory, goals, args.repeats, command)
     print(section)
     for goal, measured, ok in goals:
         print(f"{'PASS' if ok else 'FAIL'}: {goal} ({measured})", file=sys.stderr)
     if args.write:
-        write_section(section)
+        write_section(section, SECTION_TITLE, RESULTS_PATH)
         print(f"updated {RESULTS_PATH}", file=sys.stderr)
     return 0
 

@@ -1,19 +1,23 @@
-"""Target forward throughput on CPU: a sorted-like padded batch, a shuffle-like padded batch and a packed row.
+"""Target forward throughput on CPU: padded batches as sorted and shuffled plans make them, and packed rows.
 
 Draws document lengths from a scaled-down version of the chat-902k lognormal (DESIGN.md section 7:
 median 600, sigma 1.0, cap 8192; here divided by ``--scale``) until ``--tokens`` real tokens, then
-runs the tiny target (``conf/target/tiny.yaml``, random weights) over three batches with the same
-number of documents and the same number of real tokens:
+runs the tiny target (``conf/target/tiny.yaml``, random weights) over the same real tokens laid out
+five ways:
 
-* ``sorted``: what a length-sorted batch looks like on a large dataset - documents of near-equal
-  length (the mean length, +-5%), right-padded to the longest, so almost no padding;
-* ``shuffle``: the lognormal documents in one right-padded batch, padded to the longest;
-* ``packed``: the same lognormal documents in one ``[1, T]`` row with ``cu_seqlens`` (exact
-  per-document GDN and attention).
+* ``sorted, equal lengths``: the best case of length sorting on a large dataset - as many
+  documents, each of near-equal length (the mean, +-5%), in one right-padded batch;
+* ``sorted plan`` / ``shuffle plan`` / ``packed plan``: the SAME lognormal documents in the
+  micro-batches that ``strategies.plan`` makes under ``Budget(--max-tokens)`` (padded batches, or
+  packed rows of at most ``--max-tokens`` tokens with ``cu_seqlens``);
+* ``packed, one row``: every document in one ``[1, T]`` row.
 
-Every repeat runs the three batches back to back in a rotating order so they see the same machine
-load; the reported time of a batch is the median over repeats (after one warm-up round).
-Throughput is real (non-pad) tokens per second. The goal: packed >= sorted.
+The equal-length batch has other documents than the rest: attention is quadratic in document
+length, so a lognormal set costs more attention than an equal-length one with the same tokens; the
+plan rows compare like with like. Every repeat runs the layouts back to back in a rotating order so
+they see the same machine load; a layout's time is the median over repeats (after one warm-up round)
+of the sum over its micro-batches. Throughput is real (non-pad) tokens per second. The goal: packed
+>= sorted.
 
     .venv/bin/python benchmarks/target_throughput.py            # print
     .venv/bin/python benchmarks/target_throughput.py --write    # also update benchmarks/RESULTS.md
@@ -35,11 +39,12 @@ import torch
 
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
+from results_file import write_section
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 SECTION = "## Target forward throughput (CPU)"
-LAYOUTS = ("sorted", "shuffle", "packed")
+LAYOUTS = ("sorted, equal lengths", "sorted plan", "shuffle plan", "packed plan", "packed, one row")
 
 
 def chat_like_lengths(total_tokens: int, scale: float, seed: int) -> list[int]:
@@ -63,51 +68,78 @@ def near_equal_lengths(lengths: list[int], seed: int, spread: float = 0.05) -> l
     return equal
 
 
-def build_layouts(lengths: list[int], vocab_size: int, seed: int) -> dict[str, TokenBatch]:
-    """Sorted-like padded, shuffle-like padded and packed batches with the same real-token count."""
+def planned_batches(docs: list[torch.Tensor], strategy: str, max_tokens: int, seed: int) -> list[TokenBatch]:
+    """The micro-batches ``strategies.plan`` makes of ``docs`` (one epoch, one rank)."""
+    import strategies
+
+    lengths = np.array([doc.numel() for doc in docs])
+    plan = strategies.plan(lengths, strategies.Budget(max_tokens), strategy=strategy, seed=seed)
+    layout = plan.layout
+    return [
+        TokenBatch.from_documents([docs[i] for i in micro_batch], layout)
+        for _, micro_batches in plan.rank_steps(0)
+        for micro_batch in micro_batches
+        if micro_batch.size
+    ]
+
+
+def build_layouts(lengths: list[int], vocab_size: int, max_tokens: int, seed: int) -> dict[str, list[TokenBatch]]:
+    """Each layout of :data:`LAYOUTS` as its list of micro-batches; all hold the same number of real tokens."""
     gen = torch.Generator().manual_seed(seed)
     docs = [torch.randint(0, vocab_size, (n,), generator=gen) for n in lengths]
     equal_docs = [torch.randint(0, vocab_size, (n,), generator=gen) for n in near_equal_lengths(lengths, seed)]
     return {
-        "sorted": TokenBatch.from_documents(equal_docs, "padded"),
-        "shuffle": TokenBatch.from_documents(docs, "padded"),
-        "packed": TokenBatch.from_documents(docs, "packed"),
+        "sorted, equal lengths": [TokenBatch.from_documents(equal_docs, "padded")],
+        "sorted plan": planned_batches(docs, "sorted", max_tokens, seed),
+        "shuffle plan": planned_batches(docs, "shuffle", max_tokens, seed),
+        "packed plan": planned_batches(docs, "packed", max_tokens, seed),
+        "packed, one row": [TokenBatch.from_documents(docs, "packed")],
     }
 
 
-def run(config: str, tokens: int, scale: float, repeats: int, seed: int, gdn_backend: str) -> dict:
-    """Time the three layouts side by side; return lengths, per-layout stats and the packed/sorted ratio."""
-    torch.manual_seed(seed)
-    model = HybridTarget(config)
+def time_layouts(model: HybridTarget, layouts: dict[str, list[TokenBatch]], repeats: int, gdn_backend: str) -> dict:
+    """Median seconds per layout (all its micro-batches) over ``repeats`` interleaved rounds after a warm-up."""
     last_layer = model.num_layers - 1
-    lengths = chat_like_lengths(tokens, scale, seed)
-    layouts = build_layouts(lengths, model.config.vocab_size, seed)
-    real = sum(lengths)
     times: dict[str, list[float]] = {name: [] for name in LAYOUTS}
     for round_index in range(repeats + 1):  # round 0 is the warm-up
         shift = round_index % len(LAYOUTS)
         for name in LAYOUTS[shift:] + LAYOUTS[:shift]:
             start = time.perf_counter()
-            model(layouts[name], tap_layer_ids=[last_layer], gdn_backend=gdn_backend)
+            for batch in layouts[name]:
+                model(batch, tap_layer_ids=[last_layer], gdn_backend=gdn_backend)
             if round_index:
                 times[name].append(time.perf_counter() - start)
-    stats = {}
-    for name in LAYOUTS:
-        slots = layouts[name].input_ids.numel()
-        seconds = statistics.median(times[name])
-        stats[name] = {
-            "slots": slots,
-            "shape": "x".join(str(d) for d in layouts[name].input_ids.shape),
-            "padding_efficiency": real / slots,
-            "seconds": seconds,
-            "real_tokens_per_s": real / seconds,
-        }
-    return {
-        "lengths": lengths,
-        "real_tokens": real,
-        "stats": stats,
-        "packed_over_sorted": stats["packed"]["real_tokens_per_s"] / stats["sorted"]["real_tokens_per_s"],
-    }
+    return {name: statistics.median(times[name]) for name in LAYOUTS}
+
+
+def run(config: str, tokens: int, scale: float, repeats: int, seed: int, gdn_backend: str,
+        thread_counts: list[int], max_tokens: int) -> dict:
+    """Time the three layouts side by side at each thread count; per-layout stats and packed/sorted ratios."""
+    torch.manual_seed(seed)
+    model = HybridTarget(config)
+    lengths = chat_like_lengths(tokens, scale, seed)
+    layouts = build_layouts(lengths, model.config.vocab_size, max_tokens, seed)
+    real = sum(lengths)
+    default_threads = torch.get_num_threads()
+    by_threads = {}
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            seconds = time_layouts(model, layouts, repeats, gdn_backend)
+            stats = {}
+            for name in LAYOUTS:
+                slots = sum(batch.input_ids.numel() for batch in layouts[name])
+                stats[name] = {
+                    "micro_batches": len(layouts[name]),
+                    "slots": slots,
+                    "padding_efficiency": real / slots,
+                    "seconds": seconds[name],
+                    "real_tokens_per_s": real / seconds[name],
+                }
+            by_threads[threads] = {"stats": stats}
+    finally:
+        torch.set_num_threads(default_threads)
+    return {"lengths": lengths, "real_tokens": real, "by_threads": by_threads}
 
 
 def cpu_model() -> str:
@@ -130,7 +162,7 @@ def format_section(result: dict, args: argparse.Namespace, command: str) -> str:
         f"Command: `{command}`  ",
         f"Date: {dt.date.today().isoformat()}  ",
         f"Machine: {cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads, Python {platform.python_version()}  ",
+        f"torch {torch.__version__}, Python {platform.python_version()}  ",
         f"Load average at start (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
         + ("; the machine was shared with other jobs during the run, so absolute numbers are noisy - "
            "the layouts ran interleaved, so compare the ratios." if args.shared else ""),
@@ -139,50 +171,53 @@ def format_section(result: dict, args: argparse.Namespace, command: str) -> str:
         f"`{args.gdn_backend}`). {len(lengths)} documents, {result['real_tokens']} real tokens, lengths "
         f"lognormal median {600 / args.scale:.0f}, sigma 1.0, cap {8192 / args.scale:.0f} (chat-902k / "
         f"{args.scale:g}); observed min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}. "
-        f"The sorted-like batch has as many documents and real tokens, each of near-equal length (mean +-5%). "
-        f"Median of {args.repeats} repeats after one warm-up, layouts interleaved.",
+        f"`sorted, equal lengths` holds as many documents and real tokens, each of near-equal length (mean +-5%), "
+        f"in one padded batch; the `plan` layouts are the same lognormal documents in the micro-batches of "
+        f"`strategies.plan(..., Budget({args.max_tokens}))` (padded batches, or packed rows of at most "
+        f"{args.max_tokens} tokens); `packed, one row` holds every document in one row. Run-to-run noise on "
+        f"this machine is about +-5-10% per layout. "
+        f"Median of {args.repeats} repeats after one warm-up, layouts interleaved, at each torch thread count.",
         "",
-        "| layout | shape | computed slots | padding efficiency | seconds | real tokens/s |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| threads | layout | micro-batches | computed slots | padding efficiency | seconds | real tokens/s |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name in LAYOUTS:
-        s = result["stats"][name]
-        lines.append(
-            f"| {name} | {s['shape']} | {s['slots']} | {s['padding_efficiency']:.1%} | "
-            f"{s['seconds']:.3f} | {s['real_tokens_per_s']:,.0f} |"
+    for threads, measured in result["by_threads"].items():
+        for name in LAYOUTS:
+            s = measured["stats"][name]
+            lines.append(
+                f"| {threads} | {name} | {s['micro_batches']} | {s['slots']} | {s['padding_efficiency']:.1%} | "
+                f"{s['seconds']:.3f} | {s['real_tokens_per_s']:,.0f} |"
+            )
+    lines.append("")
+    for threads, measured in result["by_threads"].items():
+        speed = {name: measured["stats"][name]["real_tokens_per_s"] for name in LAYOUTS}
+        ratios = [
+            ("packed plan / sorted plan (same documents)", speed["packed plan"] / speed["sorted plan"]),
+            ("packed, one row / sorted, equal lengths", speed["packed, one row"] / speed["sorted, equal lengths"]),
+        ]
+        text = "; ".join(
+            f"{label} **{ratio:.2f}x** ({'met' if ratio >= 1.0 else 'NOT met'})" for label, ratio in ratios
         )
-    shuffle_ratio = result["stats"]["shuffle"]["real_tokens_per_s"] / result["stats"]["sorted"]["real_tokens_per_s"]
-    goal = "met" if result["packed_over_sorted"] >= 1.0 else "NOT met"
-    lines += [
-        "",
-        f"packed / sorted real tokens/s: **{result['packed_over_sorted']:.2f}x** (goal >= 1: {goal}); "
-        f"shuffle / sorted: {shuffle_ratio:.2f}x.",
-        "",
-    ]
+        shuffle_ratio = speed["shuffle plan"] / speed["sorted plan"]
+        lines.append(f"- {threads} thread(s), goal >= 1: {text}; shuffle plan / sorted plan {shuffle_ratio:.2f}x.")
+    lines.append("")
     return "\n".join(lines)
 
-
-def write_section(section: str, path: Path = RESULTS) -> None:
-    """Replace this benchmark's section of RESULTS.md (up to the next ``## `` heading), or append it."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        new_text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        tail = "".join(lines[end:])
-        new_text = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
-    path.write_text(new_text)
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Command-line entry point; returns the result dict."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="conf/target/tiny.yaml")
-    parser.add_argument("--tokens", type=int, default=8192, help="real tokens to draw (at least)")
+    parser.add_argument("--tokens", type=int, default=32768, help="real tokens to draw (at least)")
     parser.add_argument("--scale", type=float, default=8.0, help="divide chat-902k's median and cap by this")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="budget of the planned micro-batches")
+    parser.add_argument(
+        "--threads",
+        default=f"1,{torch.get_num_threads()}",
+        help="comma list of torch thread counts to measure (default: 1 and torch's default)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gdn-backend", default="auto")
     parser.add_argument("--shared", action="store_true", help="note in RESULTS.md that the machine was shared")
@@ -190,12 +225,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    result = run(args.config, args.tokens, args.scale, args.repeats, args.seed, args.gdn_backend)
+    try:
+        thread_counts = sorted({int(part) for part in args.threads.split(",") if part.strip()})
+    except ValueError:
+        parser.error(f"--threads must be a comma list of positive integers, got {args.threads!r}")
+    if not thread_counts or min(thread_counts) < 1:
+        parser.error(f"--threads must be a comma list of positive integers, got {args.threads!r}")
+    result = run(args.config, args.tokens, args.scale, args.repeats, args.seed, args.gdn_backend, thread_counts,
+                 args.max_tokens)
     command = "python benchmarks/target_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     section = format_section(result, args, command.strip())
     print(section)
     if args.write:
-        write_section(section)
+        write_section(section, SECTION, RESULTS)
     return result
 
 

@@ -282,3 +282,193 @@ def dp_bucket_edges(values: np.ndarray, counts: np.ndarray, num_buckets: int) ->
         edges[k - 1] = j - 1
         j = choice[k, j]
     return edges, previous[num_values]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Budget-aware DP edges (``bucket_edges(..., method="dp", budget=...)``).
+#
+# Hand-written and compiled for the same reason as the kernels above: the cost of every candidate
+# bucket (a few hundred thousand of them on a 902K-sample histogram) is a sum whose terms depend on
+# the bucket's own count and row number, and the DP over those costs is a sequential recurrence; in
+# numpy the bucket costs alone take seconds, compiled they take tens of milliseconds.
+#
+# Model of one bucket holding the distinct lengths ``values[start..end]`` (N samples), filled
+# greedily in random order under ``max_tokens`` (see ``strategies.edges`` for why and how well it
+# matches real plans): a micro-batch has ``rows`` = the largest n (at least max_tokens // hi, at most
+# max_rows) with ``n * E[max of n draws] <= max_tokens``, and every sample of the bucket costs the
+# expected max of ``rows`` draws from the bucket's length histogram:
+#     E[max of n] = hi - sum_{k=start}^{end-1} F_k**n * (values[k+1] - values[k]),
+# F_k = (prefix[k+1] - prefix[start]) / N the bucket's CDF at values[k] (the discrete form of
+# E[max] = sum_v v * (F(v)**n - F(v-)**n), summed by parts).
+
+#: relative accuracy of the truncated tail sums (E[max] is exact to this fraction of the upper edge)
+TAIL_TOLERANCE = 1e-12
+#: row counts up to this are served from running power sums in ``budget_bucket_costs``
+POWER_SUM_ROWS = 32
+
+
+@njit(cache=True)
+def _tail_power_sum(values: np.ndarray, prefix: np.ndarray, start: int, end: int, rows: int) -> float:
+    """``sum_{k=start}^{end-1} F_k**rows * gap_k``, summed from the top down.
+
+    The terms shrink going down (F falls) and everything below index k adds at most
+    ``F_k**rows * (values[k] - values[start])``, so the scan stops once that bound is below
+    ``TAIL_TOLERANCE * values[end]``: for many rows only the top of the bucket is visited.
+    """
+    inverse = 1.0 / (prefix[end + 1] - prefix[start])
+    tolerance = TAIL_TOLERANCE * values[end]
+    total = 0.0
+    for k in range(end - 1, start - 1, -1):
+        power = ((prefix[k + 1] - prefix[start]) * inverse) ** rows
+        total += power * (values[k + 1] - values[k])
+        if power * (values[k] - values[start]) <= tolerance:
+            break
+    return total
+
+
+@njit(cache=True)
+def bucket_fill_model(
+    values: np.ndarray, prefix: np.ndarray, start: int, end: int, max_tokens: int, max_rows: int
+) -> tuple[int, float]:
+    """``(rows, expected max length)`` of a micro-batch of the bucket ``values[start..end]``.
+
+    ``prefix`` is the running count (``prefix[0] = 0``, ``prefix[j + 1] = counts[:j + 1].sum()``).
+    The bucket's modelled padded slots are ``(prefix[end + 1] - prefix[start]) * expected max``.
+    """
+    hi = values[end]
+    rows = max_tokens // hi
+    if rows > max_rows:
+        rows = max_rows
+    expected = hi - _tail_power_sum(values, prefix, start, end, rows)
+    while rows < max_rows:
+        larger = hi - _tail_power_sum(values, prefix, start, end, rows + 1)
+        if (rows + 1) * larger > max_tokens:  # n * E[max of n] grows with n: no larger n fits
+            break
+        rows += 1
+        expected = larger
+    return rows, expected
+
+
+@njit(cache=True)
+def _tail_from_sums(
+    sums: np.ndarray, powers: int, share: float, values: np.ndarray, prefix: np.ndarray, start: int, end: int, rows: int
+) -> float:
+    """The tail sum of :func:`_tail_power_sum` from the running power sums when they hold it.
+
+    ``sums[m]`` holds ``sum_k (count up to values[k] / count above the start)**m * gap_k`` and
+    ``share`` = bucket count / count above the start, so the tail is ``sums[rows] / share**rows``;
+    when that scale would underflow (a tiny bucket far below the top) the scan is used instead.
+    """
+    scale = share**rows
+    if rows <= powers and scale > 1e-250:
+        return sums[rows] / scale
+    return _tail_power_sum(values, prefix, start, end, rows)
+
+
+@njit(cache=True)
+def budget_bucket_costs(
+    values: np.ndarray, counts: np.ndarray, candidates: np.ndarray, max_tokens: int, max_rows: int
+) -> np.ndarray:
+    """Modelled padded slots of every bucket between candidate edges.
+
+    ``candidates`` are ascending indices into ``values`` (the last one ``len(values) - 1``);
+    ``cost[a, b]`` (``a <= b``) is the cost of the bucket ``values[s_a .. candidates[b]]`` with
+    ``s_0 = 0`` and ``s_a = candidates[a - 1] + 1``; entries with ``a > b`` are ``inf``.
+
+    Same numbers as :func:`bucket_fill_model`, but for each start the sums
+    ``sum_k x_k**m * gap_k`` (``x_k`` = count from the start up to ``values[k]``, scaled by the
+    count above the start) are accumulated for ``m <= POWER_SUM_ROWS`` in one upward sweep, so a
+    bucket with few rows — a wide one near the top, whose tail sum would scan thousands of lengths —
+    costs O(1). Buckets with more rows (short lengths, narrow) use the truncated scan, which stops
+    after a few lengths.
+    """
+    num_values = values.shape[0]
+    num_candidates = candidates.shape[0]
+    prefix = np.zeros(num_values + 1, dtype=np.int64)
+    for j in range(num_values):
+        prefix[j + 1] = prefix[j] + counts[j]
+    cost = np.full((num_candidates, num_candidates), np.inf)
+    sums = np.zeros(POWER_SUM_ROWS + 1)
+    for a in range(num_candidates):
+        start = 0 if a == 0 else candidates[a - 1] + 1
+        above = float(prefix[num_values] - prefix[start])
+        # rows never exceed max_tokens // (shortest length in the bucket), nor max_rows; the search
+        # also tries one row more than it keeps
+        most_rows = max_tokens // values[start]
+        if most_rows > max_rows:
+            most_rows = max_rows
+        powers = most_rows + 1 if most_rows + 1 < POWER_SUM_ROWS else POWER_SUM_ROWS
+        sums[:] = 0.0
+        b = a
+        for k in range(start, num_values):
+            if k == candidates[b]:
+                end = k
+                count = prefix[end + 1] - prefix[start]
+                share = count / above
+                hi = values[end]
+                rows = max_tokens // hi
+                if rows > max_rows:
+                    rows = max_rows
+                expected = hi - _tail_from_sums(sums, powers, share, values, prefix, start, end, rows)
+                while rows < max_rows:  # same search as bucket_fill_model
+                    larger = hi - _tail_from_sums(sums, powers, share, values, prefix, start, end, rows + 1)
+                    if (rows + 1) * larger > max_tokens:
+                        break
+                    rows += 1
+                    expected = larger
+                cost[a, b] = count * expected
+                b += 1
+                if b == num_candidates:
+                    break
+            if k + 1 == num_values:
+                break
+            gap = values[k + 1] - values[k]
+            x = (prefix[k + 1] - prefix[start]) / above
+            term = x * gap
+            for m in range(1, powers + 1):
+                sums[m] += term
+                term *= x
+    return cost
+
+
+@njit(cache=True)
+def dp_over_bucket_costs(cost: np.ndarray, num_buckets: int) -> tuple[np.ndarray, float]:
+    """Cheapest split of the candidates into at most ``num_buckets`` buckets.
+
+    ``cost`` is :func:`budget_bucket_costs`' matrix. O(num_buckets * C^2), exact for any costs (no
+    Monge property is assumed: the modelled cost has none). Among splits within a relative 1e-12 of
+    the cheapest, the one with the fewest buckets wins (fewer buckets mix more lengths). Returns the
+    candidate index that ends each bucket and the total cost.
+    """
+    num_candidates = cost.shape[0]
+    buckets = num_buckets if num_buckets < num_candidates else num_candidates
+    best = np.full((buckets + 1, num_candidates), np.inf)
+    choice = np.zeros((buckets + 1, num_candidates), dtype=np.int64)
+    for b in range(num_candidates):
+        best[1, b] = cost[0, b]
+    for k in range(2, buckets + 1):
+        for b in range(k - 1, num_candidates):
+            lowest = np.inf
+            lowest_a = -1
+            for a in range(k - 1, b + 1):  # the bucket starts after candidate a - 1
+                total = best[k - 1, a - 1] + cost[a, b]
+                if total < lowest:
+                    lowest = total
+                    lowest_a = a
+            best[k, b] = lowest
+            choice[k, b] = lowest_a
+    last = num_candidates - 1
+    cheapest = np.inf
+    for k in range(1, buckets + 1):
+        if best[k, last] < cheapest:
+            cheapest = best[k, last]
+    used = 1
+    while best[used, last] > cheapest * (1.0 + 1e-12):
+        used += 1
+    ends = np.empty(used, dtype=np.int64)
+    b = last
+    for k in range(used, 0, -1):
+        ends[k - 1] = b
+        if k > 1:
+            b = choice[k, b] - 1
+    return ends, best[used, last]

@@ -31,10 +31,10 @@ from .validate import (
 
 #: default number of buckets of ``bucketed``. Fewer buckets mix more lengths inside a micro-batch
 #: and put more samples in each bucket (less recurrence of the same micro-batch partners between
-#: epochs); more buckets pad less. 32 is the fewest (in steps of 8) whose dp edges reach the 95%
-#: padding-efficiency goal on the chat-902k profile at max_tokens=16384, world_size=8. Measured
-#: padding efficiency with dp edges: 16 -> 91.2%, 24 -> 94.0%, 32 -> 95.4%, 48 -> 96.9%,
-#: 64 -> 97.7% (quantile edges at 32: 93.1%).
+#: epochs); more buckets pad less. With the budget-aware dp edges, 31 is the fewest that reach the
+#: 95% padding-efficiency goal on the chat-902k profile at max_tokens=16384, world_size=8 (95.36%);
+#: 32 keeps a margin: 4 -> 73.0%, 8 -> 83.9%, 16 -> 91.3%, 32 -> 95.5%, 64 -> 97.7%
+#: (quantile edges at 32: 93.1%).
 DEFAULT_NUM_BUCKETS = 32
 
 
@@ -184,16 +184,16 @@ class BucketedStrategy(Strategy):
         if not isinstance(self.same_bucket_steps, (bool, np.bool_)):
             raise ValueError(f"bucketed same_bucket_steps={self.same_bucket_steps!r} must be true or false")
 
-    def edges_for(self, lengths: np.ndarray) -> np.ndarray:
+    def edges_for(self, lengths: np.ndarray, budget: Budget | None = None) -> np.ndarray:
         """Upper edges for these (kept, validated) lengths; cached per histogram for computed edges."""
         if isinstance(self.edges, str):
             values, counts = length_histogram(lengths)
-            return _edges_from_histogram(values, counts, self.num_buckets, self.edges)
+            return _edges_from_histogram(values, counts, self.num_buckets, self.edges, budget)
         return explicit_edges(self.edges, longest=int(lengths.max()))
 
     def micro_batches(self, prepared, budget, seed, epoch, per_step):
         kept_lengths = prepared.lengths[prepared.kept]
-        edges = self.edges_for(kept_lengths)
+        edges = self.edges_for(kept_lengths, budget)
         shuffled = generator(seed, epoch, Purpose.BUCKET_ORDER).permutation(prepared.kept)
         bucket_of = _compact(np.searchsorted(edges, prepared.lengths[shuffled], side="left"))
         by_bucket = np.argsort(bucket_of, kind="stable")  # radix sort on small ints; keeps the shuffle

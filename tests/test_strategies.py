@@ -166,7 +166,7 @@ def test_bucketed_micro_batches_stay_inside_one_bucket():
     for mb in micro_batches(p):
         if mb.size:
             assert np.unique(np.searchsorted(edges, lengths[mb], side="left")).size == 1
-    np.testing.assert_array_equal(edges, bucket_edges(lengths, 8, "dp"))
+    np.testing.assert_array_equal(edges, bucket_edges(lengths, 8, "dp", budget=Budget(16384)))
 
 
 def test_bucketed_explicit_edges_and_default_bucket_count():

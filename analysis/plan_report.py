@@ -69,12 +69,16 @@ def plot_tradeoff(frame: pd.DataFrame, path: Path) -> Path:
     if "steps" in frame.columns and frame["steps"].min() > 0:
         # 95% band of the ACF of white noise over the shortest series: values inside it are noise.
         noise = 1.96 / math.sqrt(float(frame["steps"].min()))
+        axes[1].axhspan(0.0, noise, color="grey", alpha=0.15, label="noise band (95%)")
+        axes[1].legend(loc="upper right")
         axes[2].axhspan(-noise, noise, color="grey", alpha=0.15, label="noise band (95%)")
     axes[2].set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length", title="Autocorrelation by lag")
     axes[2].xaxis.set_major_locator(MaxNLocator(integer=True))
     if axes[2].get_legend_handles_labels()[0]:  # the zero line alone has no label
         axes[2].legend()
     axes[0].set_ylim(bottom=0)
+    for ax in axes[:2]:
+        ax.set_xlim(right=108)  # room for the labels of points near 100%
     axes[1].set_ylim(bottom=0)
     for ax in axes:
         ax.grid(alpha=0.3)

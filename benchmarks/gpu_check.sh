@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU checks of the models on a CUDA machine that already has torch, triton and transformers:
+# the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA) and batchlab-check in
+# fp32, TF32 and bf16. Results land in OUT (default ./gpu-check) as logs and JSON.
+#
+#   bash benchmarks/gpu_check.sh [OUT]
+#
+# flash-linear-attention is needed for the fla paths; with no network, put its wheel (and any
+# missing dependency) in a folder and set WHEELS=that/folder.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-gpu-check}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py="${PYTHON:-python3}"
+if [ -n "${WHEELS:-}" ]; then
+  "$py" -m pip install -q --no-index --no-deps --target /tmp/batchlab-site "$WHEELS"/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/batchlab-site"
+fi
+"$py" - <<'PY' | tee "$out/env.txt"
+import torch, transformers
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name(0))
+print("transformers", transformers.__version__)
+try:
+    import fla
+    print("fla", fla.__version__)
+except Exception as err:  # noqa: BLE001 - report whatever stops the import
+    print("fla missing:", err)
+PY
+status=0
+"$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" || status=1
+for variant in "--dtype float32" "--dtype float32 --tf32" "--dtype bfloat16"; do
+  name=$(echo "$variant" | tr -d ' -' )
+  "$py" -m harness.cli.check --device cuda $variant --json > "$out/check_$name.json" 2> "$out/check_$name.err" || status=1
+  "$py" - "$out/check_$name.json" "$variant" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    verdict = "ok" if json.load(open(sys.argv[1]))["ok"] else "NOT ok"
+except (OSError, ValueError, KeyError):
+    verdict = "did not run (see the .err file)"
+print(f"batchlab-check {sys.argv[2]}: {verdict}")
+PY
+done
+exit $status

@@ -312,7 +312,9 @@ def test_budget_dp_is_fast_on_the_chat_profile_at_64_buckets():
     edges = bucket_edges(lengths, 64, "dp", budget=budget)
     elapsed = time.perf_counter() - start
     assert edges.size == 64 and edges[-1] == lengths.max()
-    assert elapsed < 0.5  # measured ~0.08 s on 2 shared cores; without the grid and power sums ~10 s
+    # a complexity guard, not a speed goal (benchmarks/plan_speed.py measures that): ~0.08 s here,
+    # ~10 s without the candidate grid and power sums
+    assert elapsed < 2.0
 
 
 def test_budget_is_part_of_the_cache_key_only_for_dp():

@@ -31,6 +31,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write
+	$(PY) benchmarks/target_throughput.py --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

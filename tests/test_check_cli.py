@@ -8,6 +8,7 @@ import torch
 
 from harness.cli import check
 from harness.cli.check import main
+from harness.models import compare
 
 SMALL = ["--lengths", "1,17,65,70", "--seed", "3"]
 
@@ -54,7 +55,7 @@ def test_a_non_finite_difference_fails_and_the_json_stays_strict(capsys, monkeyp
         row = check.CheckRow("drafter loss (sum w*CE, sum w)", "packed vs separate", value, 1e-4)
         assert not row.ok and row.to_dict()["max_rel_diff"] is None
     # NaN in the difference of every check (e.g. a model that overflows): not ok, exit 1, strict JSON
-    monkeypatch.setattr(check, "relative_difference", lambda value, reference: math.nan)
+    monkeypatch.setattr(compare, "max_relative_difference", lambda value, reference: math.nan)
     status = main(["--json", "--device", "cpu", "--lengths", "1,9"])
     report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
     assert status == 1 and report["ok"] is False

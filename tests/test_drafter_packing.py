@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from harness.models.anchors import FlatDocuments, sample_anchors
+from harness.models.compare import max_relative_difference
 from harness.models.drafter import DFlashDrafter, load_drafter_config
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
@@ -32,11 +33,6 @@ def documents():
         mask[: min(4, mask.numel() - 1)] = 0  # a prompt the drafter is not trained on
     return tokens, loss_masks
 
-
-def relative_difference(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """max |value - reference| / max |reference|."""
-    value, reference = value.detach(), reference.detach()
-    return float((value - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
 
 
 def loss_and_grads(target, drafter, tokens, loss_masks, layout, anchors):
@@ -70,11 +66,11 @@ def test_packed_padded_and_separate_runs_agree(models, documents):
     assert packed.weight_sum.item() > 0
     for result in (packed, padded):
         for name in ("weighted_ce_sum", "weight_sum", "correct_sum", "label_count", "tau_sum", "block_count"):
-            assert relative_difference(getattr(result, name), getattr(separate, name)) <= TOLERANCE, name
+            assert max_relative_difference(getattr(result, name), getattr(separate, name)) <= TOLERANCE, name
     for grads in (packed_grads, padded_grads):
         for name, grad, reference in zip((n for n, _ in drafter.named_parameters()), grads, separate_grads):
             assert reference.abs().max() > 0, name
-            assert relative_difference(grad, reference) <= TOLERANCE, name
+            assert max_relative_difference(grad, reference) <= TOLERANCE, name
 
 
 def test_the_same_generator_state_draws_the_same_anchors_in_both_layouts(models, documents):
@@ -88,7 +84,7 @@ def test_the_same_generator_state_draws_the_same_anchors_in_both_layouts(models,
         results.append((output, drafter.loss(output)))
     (padded, padded_loss), (packed, packed_loss) = results
     assert all(torch.equal(a, b) for a, b in zip(padded.anchors, packed.anchors))
-    assert relative_difference(packed_loss.weighted_ce_sum, padded_loss.weighted_ce_sum) <= TOLERANCE
+    assert max_relative_difference(packed_loss.weighted_ce_sum, padded_loss.weighted_ce_sum) <= TOLERANCE
     # labels of blocks never come from another document
     for doc, positions in enumerate(packed.anchors):
         assert bool((positions + 1 < LENGTHS[doc]).all())
@@ -116,11 +112,11 @@ def test_tokens_at_or_after_the_label_window_start_do_not_reach_a_block(models, 
         return block_logits(target, drafter, changed, anchors)
 
     for position in (31, 35):  # label positions of the block: its context must not see them
-        assert relative_difference(with_token(2, position)[row], base[row]) <= 1e-6
-    assert relative_difference(with_token(2, 29)[row], base[row]) > 1e-3  # just before the anchor
-    assert relative_difference(with_token(2, 30)[row], base[row]) > 1e-3  # the anchor token itself
+        assert max_relative_difference(with_token(2, position)[row], base[row]) <= 1e-6
+    assert max_relative_difference(with_token(2, 29)[row], base[row]) > 1e-3  # just before the anchor
+    assert max_relative_difference(with_token(2, 30)[row], base[row]) > 1e-3  # the anchor token itself
     other_doc = with_token(0, 8)  # last token of the previous document in the packed row
-    assert relative_difference(other_doc[1:], base[1:]) <= 1e-6
+    assert max_relative_difference(other_doc[1:], base[1:]) <= 1e-6
 
 
 def test_a_target_that_leaks_state_across_documents_breaks_the_parity(models, documents):
@@ -134,4 +130,4 @@ def test_a_target_that_leaks_state_across_documents_breaks_the_parity(models, do
     finally:
         target.leak_across_documents = False
     fc = [n for n, _ in drafter.named_parameters()].index("fc.weight")
-    assert relative_difference(leaky_grads[fc], honest_grads[fc]) > 100 * TOLERANCE
+    assert max_relative_difference(leaky_grads[fc], honest_grads[fc]) > 100 * TOLERANCE

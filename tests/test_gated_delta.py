@@ -14,6 +14,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
+from harness.models.compare import max_relative_difference
 from harness.models.gated_delta import (
     GATED_DELTA_BACKENDS,
     default_chunk_size,
@@ -30,10 +31,6 @@ def _quiet_transformers_fallback_warnings():
     """transformers warns once per call that fla is missing; that is expected here."""
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
-
-def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|."""
-    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
 
 
 def random_inputs(
@@ -83,8 +80,8 @@ def test_chunk_matches_recurrent_on_padded_batches(use_initial_state, l2norm, he
     out_rec, state_rec = run(inputs, backend="torch-recurrent", **kwargs)
     assert out_chunk.shape == (3, 41, heads[1], 6)
     assert state_chunk.shape == (3, heads[1], 8, 6)
-    assert rel_diff(out_chunk, out_rec) <= FP32_TOL
-    assert rel_diff(state_chunk, state_rec) <= FP32_TOL
+    assert max_relative_difference(out_chunk, out_rec) <= FP32_TOL
+    assert max_relative_difference(state_chunk, state_rec) <= FP32_TOL
 
 
 PACKED_LENGTHS = [1, 16, 17, 5, 53, 32, 2]  # length 1, multiples of the chunk, a 4-chunk document
@@ -99,8 +96,8 @@ def test_chunk_matches_recurrent_on_packed_rows(use_initial_state, l2norm):
     out_chunk, state_chunk = run(inputs, backend="torch-chunk", chunk_size=16, **kwargs)
     out_rec, state_rec = run(inputs, backend="torch-recurrent", **kwargs)
     assert state_chunk.shape == (len(PACKED_LENGTHS), 4, 8, 6)
-    assert rel_diff(out_chunk, out_rec) <= FP32_TOL
-    assert rel_diff(state_chunk, state_rec) <= FP32_TOL
+    assert max_relative_difference(out_chunk, out_rec) <= FP32_TOL
+    assert max_relative_difference(state_chunk, state_rec) <= FP32_TOL
 
 
 def test_chunk_matches_recurrent_in_float64_with_default_chunk_and_strong_decay():
@@ -111,8 +108,8 @@ def test_chunk_matches_recurrent_in_float64_with_default_chunk_and_strong_decay(
     out_chunk, state_chunk = run(inputs, backend="torch-chunk", **kwargs)
     out_rec, state_rec = run(inputs, backend="torch-recurrent", **kwargs)
     assert out_chunk.dtype == torch.float64
-    assert rel_diff(out_chunk, out_rec) <= FP64_TOL
-    assert rel_diff(state_chunk, state_rec) <= FP64_TOL
+    assert max_relative_difference(out_chunk, out_rec) <= FP64_TOL
+    assert max_relative_difference(state_chunk, state_rec) <= FP64_TOL
 
 
 @pytest.mark.parametrize("backend", ["torch-chunk", "torch-recurrent"])
@@ -126,8 +123,8 @@ def test_packed_row_equals_each_document_run_alone(backend):
         piece["initial_state"] = inputs["initial_state"][doc:doc + 1]
         alone_out, alone_state = run(piece, backend=backend, chunk_size=16, output_final_state=True,
                                      use_qk_l2norm_in_kernel=True)
-        assert rel_diff(packed_out[:, start:start + length], alone_out) <= FP32_TOL
-        assert rel_diff(packed_state[doc], alone_state[0]) <= FP32_TOL
+        assert max_relative_difference(packed_out[:, start:start + length], alone_out) <= FP32_TOL
+        assert max_relative_difference(packed_state[doc], alone_state[0]) <= FP32_TOL
         start += length
 
 
@@ -146,8 +143,8 @@ def test_negative_control_packed_row_without_state_reset_leaks_across_documents(
             backend="torch-recurrent", use_qk_l2norm_in_kernel=True)[0]
         for start, end in zip(bounds[:-1], bounds[1:])
     ], dim=1)
-    assert rel_diff(with_reset, separate) <= FP32_TOL
-    assert rel_diff(no_reset[:, later_docs], separate[:, later_docs]) > 1e-2
+    assert max_relative_difference(with_reset, separate) <= FP32_TOL
+    assert max_relative_difference(no_reset[:, later_docs], separate[:, later_docs]) > 1e-2
 
 
 @pytest.mark.parametrize("use_initial_state", [False, True])
@@ -167,7 +164,7 @@ def test_gradients_of_chunk_match_recurrent(use_initial_state):
         grads[backend] = {n: leaves[n].grad for n in names}
     for name, grad in grads["torch-chunk"].items():
         assert grad is not None and grad.abs().max() > 0, name
-        assert rel_diff(grad, grads["torch-recurrent"][name]) <= FP64_TOL, name
+        assert max_relative_difference(grad, grads["torch-recurrent"][name]) <= FP64_TOL, name
 
 
 @pytest.mark.parametrize("l2norm", [False, True])
@@ -182,8 +179,8 @@ def test_parity_with_transformers_torch_chunk_and_recurrent(l2norm):
     for backend, ref_out, ref_state in (("torch-chunk", ref_chunk_out, ref_chunk_state),
                                         ("torch-recurrent", ref_rec_out, ref_rec_state)):
         out, state = run(inputs, backend=backend, output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
-        assert rel_diff(out, ref_out) <= FP32_TOL, backend
-        assert rel_diff(state, ref_state) <= FP32_TOL, backend
+        assert max_relative_difference(out, ref_out) <= FP32_TOL, backend
+        assert max_relative_difference(state, ref_state) <= FP32_TOL, backend
 
 
 def test_output_keeps_input_dtype_and_final_state_is_optional():
@@ -191,14 +188,14 @@ def test_output_keeps_input_dtype_and_final_state_is_optional():
     out, state = run(inputs, backend="torch-chunk", chunk_size=4)
     assert out.dtype == torch.bfloat16 and state is None
     reference, _ = run({n: t.float() for n, t in inputs.items()}, backend="torch-recurrent")
-    assert rel_diff(out, reference) <= 1e-2  # only the bf16 rounding of the output
+    assert max_relative_difference(out, reference) <= 1e-2  # only the bf16 rounding of the output
 
 
 def test_explicit_scale_is_used():
     inputs = random_inputs(batch=1, length=12, key_dim=8)
     default, _ = run(inputs, backend="torch-chunk", chunk_size=4)
     doubled, _ = run(inputs, backend="torch-chunk", chunk_size=4, scale=2 * 8**-0.5)
-    assert rel_diff(doubled, 2 * default) <= FP32_TOL  # o is linear in q
+    assert max_relative_difference(doubled, 2 * default) <= FP32_TOL  # o is linear in q
 
 
 @pytest.mark.parametrize("backend", ["torch-chunk", "torch-recurrent"])
@@ -221,8 +218,8 @@ def test_packed_chunk_matches_recurrent_for_any_lengths(lengths, chunk_size):
     kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens_of(lengths))
     out_chunk, state_chunk = run(inputs, backend="torch-chunk", chunk_size=chunk_size, **kwargs)
     out_rec, state_rec = run(inputs, backend="torch-recurrent", **kwargs)
-    assert rel_diff(out_chunk, out_rec) <= FP64_TOL
-    assert rel_diff(state_chunk, state_rec) <= FP64_TOL
+    assert max_relative_difference(out_chunk, out_rec) <= FP64_TOL
+    assert max_relative_difference(state_chunk, state_rec) <= FP64_TOL
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -284,5 +281,5 @@ def test_default_chunk_size_gives_the_same_result_as_any_explicit_chunk():
     default_o, default_state = run(inputs, cu_seqlens=cu_seqlens, output_final_state=True)
     for chunk_size in (7, 64):
         o, state = run(inputs, cu_seqlens=cu_seqlens, output_final_state=True, chunk_size=chunk_size)
-        assert rel_diff(default_o, o) < 1e-10
-        assert rel_diff(default_state, state) < 1e-10
+        assert max_relative_difference(default_o, o) < 1e-10
+        assert max_relative_difference(default_state, state) < 1e-10

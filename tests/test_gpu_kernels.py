@@ -19,6 +19,7 @@ import importlib.util
 import pytest
 import torch
 
+from harness.models.compare import max_relative_difference
 from harness.models.gated_delta import gated_delta_rule, resolve_backend
 from harness.models.short_conv import causal_conv1d
 
@@ -33,9 +34,6 @@ needs_fla = pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention
 
 LENGTHS = [1, 64, 65, 200, 7, 130, 33]  # length 1, exact chunk, chunk + 1, several chunks
 
-
-def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
 
 
 def cu_seqlens_of(lengths: list[int]) -> torch.Tensor:
@@ -70,8 +68,8 @@ def test_torch_chunk_on_cuda_matches_recurrent():
     inputs = packed_inputs(torch.float32, dim=16)
     out_chunk, state_chunk = call(inputs, "torch-chunk")
     out_rec, state_rec = call(inputs, "torch-recurrent")
-    assert rel_diff(out_chunk, out_rec) <= 1e-5
-    assert rel_diff(state_chunk, state_rec) <= 1e-5
+    assert max_relative_difference(out_chunk, out_rec) <= 1e-5
+    assert max_relative_difference(state_chunk, state_rec) <= 1e-5
 
 
 @needs_fla
@@ -91,8 +89,8 @@ def test_fla_matches_torch_chunk_on_packed_rows(dtype, tolerance):
         raise
     out_ref, state_ref = call(inputs, "torch-chunk", upcast=True)
     assert out_fla.dtype == dtype and out_fla.shape == out_ref.shape
-    assert rel_diff(out_fla, out_ref) <= tolerance
-    assert rel_diff(state_fla, state_ref) <= tolerance
+    assert max_relative_difference(out_fla, out_ref) <= tolerance
+    assert max_relative_difference(state_fla, state_ref) <= tolerance
 
 
 @needs_fla
@@ -107,7 +105,7 @@ def test_fla_gradients_match_torch_chunk_in_bf16():
         (out.float() * upstream).sum().backward()
         grads[backend] = {n: leaves[n].grad for n in ("q", "k", "v")}
     for name in ("q", "k", "v"):
-        assert rel_diff(grads["fla"][name], grads["torch-chunk"][name]) <= 5e-2, name
+        assert max_relative_difference(grads["fla"][name], grads["torch-chunk"][name]) <= 5e-2, name
 
 
 @needs_fla
@@ -119,4 +117,4 @@ def test_fla_conv_matches_torch_conv_on_packed_rows(dtype, tolerance):
     fla_out = causal_conv1d(x, weight, cu_seqlens=cu_seqlens_of(LENGTHS), backend="fla")
     torch_out = causal_conv1d(x.float(), weight.float(), cu_seqlens=cu_seqlens_of(LENGTHS), backend="torch")
     assert fla_out.shape == x.shape
-    assert rel_diff(fla_out, torch_out) <= tolerance
+    assert max_relative_difference(fla_out, torch_out) <= tolerance

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
 
+from harness.models.compare import max_relative_difference
 from harness.models.short_conv import causal_conv1d
 
 TOL = 1e-6
@@ -19,9 +20,6 @@ def _quiet_transformers_fallback_warnings():
     """transformers warns that the causal-conv1d kernel is missing; that is expected here."""
     logging.getLogger("transformers").setLevel(logging.ERROR)
 
-
-def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
 
 
 def cu_seqlens_of(lengths: list[int]) -> torch.Tensor:
@@ -42,7 +40,7 @@ def test_matches_transformers_fallback_on_unpacked_batches(activation, with_bias
     bias = torch.randn(10, generator=gen) if with_bias else None
     ours = causal_conv1d(x, weight, bias, activation=activation)
     assert ours.shape == x.shape
-    assert rel_diff(ours, transformers_conv(x, weight, bias, activation)) <= TOL
+    assert max_relative_difference(ours, transformers_conv(x, weight, bias, activation)) <= TOL
 
 
 def test_accepts_nn_conv1d_weight_layout():
@@ -51,7 +49,7 @@ def test_accepts_nn_conv1d_weight_layout():
     with torch.no_grad():
         expected = torch.nn.functional.silu(conv(x.transpose(1, 2))[..., :9]).transpose(1, 2)
         ours = causal_conv1d(x, conv.weight)  # [D, 1, W]
-    assert rel_diff(ours, expected) <= TOL
+    assert max_relative_difference(ours, expected) <= TOL
 
 
 LENGTHS = [1, 2, 3, 4, 9, 1, 5]  # documents shorter than, equal to and longer than the width
@@ -67,7 +65,7 @@ def test_packed_row_equals_each_document_alone(width):
     bounds = cu_seqlens_of(LENGTHS).tolist()
     alone = torch.cat([transformers_conv(x[:, s:e], weight, bias, "silu") for s, e in zip(bounds[:-1], bounds[1:])],
                       dim=1)
-    assert rel_diff(packed, alone) <= TOL
+    assert max_relative_difference(packed, alone) <= TOL
 
 
 def test_planted_leak_plain_conv_reads_previous_document_ours_does_not():
@@ -97,8 +95,8 @@ def test_gradients_of_packed_row_match_separate_documents():
     total = sum((transformers_conv(x_alone[:, s:e], w_alone, None, "silu") * upstream[:, s:e]).sum()
                 for s, e in zip(bounds[:-1], bounds[1:]))
     total.backward()
-    assert rel_diff(x_packed.grad, x_alone.grad) <= 1e-12
-    assert rel_diff(w_packed.grad, w_alone.grad) <= 1e-12
+    assert max_relative_difference(x_packed.grad, x_alone.grad) <= 1e-12
+    assert max_relative_difference(w_packed.grad, w_alone.grad) <= 1e-12
 
 
 def test_output_dtype_follows_input():

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen3_5ForCausalLM
 
+from harness.models.compare import max_relative_difference
 from harness.models.config import build_target_layer_ids, load_target_config
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget, TargetFeatures
@@ -25,10 +26,6 @@ TINY = REPO / "conf" / "target" / "tiny.yaml"
 TINY_DEEP = REPO / "conf" / "target" / "tiny-deep.yaml"
 TOLERANCE = 1e-5
 
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 def reference_model(config_path: Path = TINY, seed: int = 0, **overrides) -> Qwen3_5ForCausalLM:
@@ -55,7 +52,7 @@ def assert_matches_reference(features: TargetFeatures, reference: tuple[torch.Te
     """Entry i equals transformers' hidden_states[layer + 1] (the last one is after the final norm there)."""
     for layer, hidden in zip(features.layer_ids, features.hidden_states):
         ours = final_norm(hidden) if layer == num_layers - 1 else hidden
-        error = relative_error(ours, reference[layer + 1])
+        error = max_relative_difference(ours, reference[layer + 1])
         assert error <= TOLERANCE, f"layer {layer}: relative error {error:.2e} > {TOLERANCE}"
 
 
@@ -166,7 +163,7 @@ def test_bf16_forward_stays_close_to_fp32() -> None:
     batch = TokenBatch.from_documents([torch.arange(40) % 256, torch.arange(70) % 256], "packed")
     out32, out16 = target(batch).hidden_states[0], low(batch).hidden_states[0]
     assert out16.dtype == torch.bfloat16
-    assert relative_error(out16.float(), out32) < 5e-2
+    assert max_relative_difference(out16.float(), out32) < 5e-2
 
 
 def test_bf16_target_keeps_rope_frequencies_in_fp32() -> None:

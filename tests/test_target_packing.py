@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from harness.models.attention import document_causal_attention, resolve_attention_backend
+from harness.models.compare import max_relative_difference
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget, TargetFeatures
 
@@ -24,10 +25,6 @@ TOLERANCE = 1e-5
 # lengths include 1 and lengths around the GDN chunk size (64) that it does not divide
 DOC_LENGTHS = [37, 1, 130, 64, 65, 3]
 
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |a - b| / max |b|."""
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 def random_target(seed: int = 0, **kwargs) -> HybridTarget:
@@ -60,7 +57,7 @@ def per_document(features: TargetFeatures, batch: TokenBatch, layer: int) -> lis
 
 def worst_error_per_layer(features: TargetFeatures, batch: TokenBatch, alone: list[TargetFeatures]) -> list[float]:
     return [
-        max(relative_error(part, single.hidden_states[layer][0])
+        max(max_relative_difference(part, single.hidden_states[layer][0])
             for part, single in zip(per_document(features, batch, layer), alone))
         for layer in range(len(features.layer_ids))
     ]
@@ -119,7 +116,7 @@ def test_recurrent_gdn_backend_agrees_on_a_packed_row(target) -> None:
     chunked = target(batch, gdn_backend="torch-chunk")
     recurrent = target(batch, gdn_backend="torch-recurrent")
     for a, b in zip(chunked.hidden_states, recurrent.hidden_states):
-        assert relative_error(a, b) <= TOLERANCE
+        assert max_relative_difference(a, b) <= TOLERANCE
 
 
 def test_packed_row_with_one_document_equals_the_unpacked_run(target) -> None:
@@ -127,7 +124,7 @@ def test_packed_row_with_one_document_equals_the_unpacked_run(target) -> None:
     packed = target(TokenBatch.from_documents(doc, "packed"))
     padded = target(TokenBatch.from_documents(doc, "padded"))
     for a, b in zip(packed.hidden_states, padded.hidden_states):
-        assert relative_error(a, b) <= TOLERANCE
+        assert max_relative_difference(a, b) <= TOLERANCE
 
 
 # ----------------------------------------------------------------------------- attention op
@@ -146,10 +143,10 @@ def test_packed_attention_equals_per_document_attention() -> None:
     packed = document_causal_attention(q, k, v, cu_seqlens=cu, backend="sdpa")
     for start, stop in zip(cu[:-1].tolist(), cu[1:].tolist()):
         alone = document_causal_attention(q[:, start:stop], k[:, start:stop], v[:, start:stop])
-        assert relative_error(packed[:, start:stop], alone) <= TOLERANCE
+        assert max_relative_difference(packed[:, start:stop], alone) <= TOLERANCE
     # a planted check that the op does separate documents: plain causal attention over the row differs
     plain = document_causal_attention(q, k, v)
-    assert relative_error(packed[:, 6:39], plain[:, 6:39]) > 1e-2
+    assert max_relative_difference(packed[:, 6:39], plain[:, 6:39]) > 1e-2
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -159,7 +156,7 @@ def test_flex_backend_matches_sdpa_on_cpu() -> None:
     cu = torch.tensor([0, 7, 8, 28], dtype=torch.int32)
     sdpa = document_causal_attention(q, k, v, cu_seqlens=cu, backend="sdpa")
     flex = document_causal_attention(q, k, v, cu_seqlens=cu, backend="flex")
-    assert relative_error(flex, sdpa) <= TOLERANCE
+    assert max_relative_difference(flex, sdpa) <= TOLERANCE
 
 
 def test_attention_rejects_bad_input() -> None:
@@ -187,7 +184,7 @@ def test_gpu_packed_matches_cpu_separate_runs(target, docs, alone, dtype: torch.
     features = gpu(batch)
     assert features.hidden_states[0].device.type == "cuda"
     per_layer = [
-        max(relative_error(part.float().cpu(), single.hidden_states[layer][0])
+        max(max_relative_difference(part.float().cpu(), single.hidden_states[layer][0])
             for part, single in zip(per_document(features, batch, layer), alone))
         for layer in range(4)
     ]
@@ -203,4 +200,4 @@ def test_gpu_attention_backends_match_cpu(backend: str) -> None:
     cu = torch.tensor([0, 70, 71, 271, 335], dtype=torch.int32)
     expected = document_causal_attention(q, k, v, cu_seqlens=cu, backend="sdpa")
     got = document_causal_attention(q.cuda(), k.cuda(), v.cuda(), cu_seqlens=cu.cuda(), backend=backend)
-    assert relative_error(got.cpu(), expected) <= 2e-3
+    assert max_relative_difference(got.cpu(), expected) <= 2e-3

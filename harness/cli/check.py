@@ -129,18 +129,6 @@ def _parse_lengths(text: str) -> list[int]:
     return lengths
 
 
-def relative_difference(value: Any, reference: Any) -> float:
-    """``max |value - reference| / max |reference|`` in float64 (0 when both are all zero)."""
-    import torch
-
-    value = torch.as_tensor(value).detach().double().cpu()
-    reference = torch.as_tensor(reference).detach().double().cpu()
-    scale = reference.abs().max()
-    difference = (value - reference).abs().max()
-    if float(scale) == 0.0:
-        return float(difference)
-    return float(difference / scale)
-
 
 def _documents(lengths: Sequence[int], vocab_size: int, generator: Any) -> tuple[list[Any], list[Any]]:
     """Random tokens, and loss masks whose first quarter (a prompt) is 0."""
@@ -193,6 +181,7 @@ def _fla_rows(
     """fla vs torch-chunk: the gated delta rule on a random packed row, then the packed target features."""
     import torch
 
+    from harness.models.compare import max_relative_difference
     from harness.models.gated_delta import gated_delta_rule
 
     device, dtype = target.device, target.dtype
@@ -214,9 +203,9 @@ def _fla_rows(
         )
     rows = [
         CheckRow("gated delta rule output", "fla vs torch-chunk",
-                 relative_difference(outputs["fla"][0], outputs["torch-chunk"][0]), tolerance),
+                 max_relative_difference(outputs["fla"][0], outputs["torch-chunk"][0]), tolerance),
         CheckRow("gated delta rule final states", "fla vs torch-chunk",
-                 relative_difference(outputs["fla"][1], outputs["torch-chunk"][1]), tolerance),
+                 max_relative_difference(outputs["fla"][1], outputs["torch-chunk"][1]), tolerance),
     ]
     features = {
         backend: target(packed, tap_layer_ids=drafter.target_layer_ids, gdn_backend=backend).hidden_states
@@ -224,7 +213,7 @@ def _fla_rows(
     }
     for layer, fla_states, torch_states in zip(drafter.target_layer_ids, features["fla"], features["torch-chunk"]):
         rows.append(CheckRow(_layer_name(target, layer), "packed fla vs torch-chunk",
-                             relative_difference(fla_states, torch_states), tolerance))
+                             max_relative_difference(fla_states, torch_states), tolerance))
     return rows
 
 
@@ -237,6 +226,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from harness.models.anchors import FlatDocuments, sample_anchors
+    from harness.models.compare import max_relative_difference
     from harness.models.drafter import DFlashDrafter, load_drafter_config
     from harness.models.gated_delta import fla_available
     from harness.models.layout import TokenBatch
@@ -289,13 +279,13 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         comparison = f"{layout} vs separate"
         for i, layer in enumerate(drafter.target_layer_ids):
             rows.append(CheckRow(_layer_name(target, layer), comparison,
-                                 relative_difference(runs[layout]["features"][i], reference["features"][i]),
+                                 max_relative_difference(runs[layout]["features"][i], reference["features"][i]),
                                  tolerances["features"]))
         loss, reference_loss = runs[layout]["loss"], reference["loss"]
-        loss_difference = max(relative_difference(getattr(loss, name), getattr(reference_loss, name))
+        loss_difference = max(max_relative_difference(getattr(loss, name), getattr(reference_loss, name))
                                for name in ("weighted_ce_sum", "weight_sum"))
         rows.append(CheckRow("drafter loss (sum w*CE, sum w)", comparison, loss_difference, tolerances["loss"]))
-        grad_difference = max(relative_difference(grad, ref)
+        grad_difference = max(max_relative_difference(grad, ref)
                               for grad, ref in zip(runs[layout]["grads"], reference["grads"]))
         rows.append(CheckRow("drafter gradients", comparison, grad_difference, tolerances["grads"]))
 

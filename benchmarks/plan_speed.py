@@ -48,7 +48,7 @@ import strategies  # noqa: E402
 from harness.data.profiles import profile_lengths  # noqa: E402
 from strategies.edges import _cached_edges, bucket_edges  # noqa: E402
 from strategies.metrics import plan_metrics  # noqa: E402
-from results_file import write_section  # noqa: E402
+from results_file import cpu_model, write_section  # noqa: E402
 
 RESULTS_PATH = REPO_ROOT / "benchmarks" / "RESULTS.md"
 SECTION_TITLE = "## Planning (strategies)"
@@ -226,18 +226,9 @@ def measure_memory(name: str) -> dict[str, Any]:
 
 
 def machine_description() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     load = ", load average {:.1f} at start".format(os.getloadavg()[0]) if hasattr(os, "getloadavg") else ""
     return (
-        f"{os.cpu_count()} CPU cores ({model}), {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPU cores ({cpu_model()}), {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}{load}"
     )
 

@@ -1,7 +1,8 @@
-"""Update one section of ``benchmarks/RESULTS.md`` and leave the other benchmarks' sections alone."""
+"""Update one section of ``benchmarks/RESULTS.md`` (other benchmarks' sections stay), and name the machine."""
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
@@ -19,3 +20,13 @@ def write_section(section: str, title: str, path: Path = RESULTS_PATH) -> None:
         tail = "".join(lines[end:])
         new_text = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
     path.write_text(new_text)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"

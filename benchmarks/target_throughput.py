@@ -39,7 +39,7 @@ import torch
 
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
-from results_file import write_section
+from results_file import cpu_model, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
@@ -140,16 +140,6 @@ def run(config: str, tokens: int, scale: float, repeats: int, seed: int, gdn_bac
     finally:
         torch.set_num_threads(default_threads)
     return {"lengths": lengths, "real_tokens": real, "by_threads": by_threads}
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else the platform's processor string."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def format_section(result: dict, args: argparse.Namespace, command: str) -> str:

@@ -1,5 +1,8 @@
 """Target + drafter end to end: packed, padded and each document alone give the same loss and gradients."""
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 
@@ -131,3 +134,97 @@ def test_a_target_that_leaks_state_across_documents_breaks_the_parity(models, do
         target.leak_across_documents = False
     fc = [n for n, _ in drafter.named_parameters()].index("fc.weight")
     assert max_relative_difference(leaky_grads[fc], honest_grads[fc]) > 100 * TOLERANCE
+
+
+# ----------------------------------------------------------------------------- flex attention path
+
+
+def drafter_with_backend(drafter, backend):
+    """A copy of ``drafter`` (same weights) whose attention runs on ``backend``."""
+    clone = copy.deepcopy(drafter)
+    clone.config = dataclasses.replace(drafter.config, attention_backend=backend)
+    return clone
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_flex_attention_path_matches_the_dense_path(models, documents, layout):
+    """Same blocks, same logits: the FlexAttention mask admits exactly what the dense path admits.
+
+    Forward only: FlexAttention has no backward on CPU (the GPU test below compares gradients).
+    ``blocks_per_document`` adds padding blocks, whose rows see nothing in both paths.
+    """
+    target, drafter = models
+    tokens, loss_masks = documents
+    batch = TokenBatch.from_documents(tokens, layout, loss_masks)
+    anchors = packed_anchors(drafter, tokens, loss_masks)
+    with torch.no_grad():
+        features = target(batch)
+        dense = drafter_with_backend(drafter, "dense")(batch, features, anchors=anchors, blocks_per_document=20)
+        flex = drafter_with_backend(drafter, "flex")(batch, features, anchors=anchors, blocks_per_document=20)
+    assert not bool(flex.layout.keep.all()), "the test needs padding blocks"
+    assert max_relative_difference(flex.logits, dense.logits) <= TOLERANCE
+
+
+def test_flex_block_mask_is_the_visibility_rule(models, documents):
+    """Evaluate the mask at every (slot, key) pair and compare with context_visible per document."""
+    from harness.models.anchors import build_block_layout, context_visible
+    from harness.models.drafter import block_attention_mask
+
+    _, drafter = models
+    tokens, loss_masks = documents
+    flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed", loss_masks))
+    anchors = packed_anchors(drafter, tokens, loss_masks)
+    block = drafter.block_size
+    layout = build_block_layout(flat, anchors, block, blocks_per_document=20)
+    mask = block_attention_mask(flat, layout, torch.device("cpu"))
+    slots, keys = layout.num_blocks * block, flat.num_tokens + layout.num_blocks * block
+    zero = torch.zeros((), dtype=torch.long)
+    seen = mask.mask_mod(zero, zero, torch.arange(slots)[:, None], torch.arange(keys)[None, :])
+
+    expected = torch.zeros(slots, keys, dtype=torch.bool)
+    starts = flat.doc_starts.tolist()
+    for n in range(layout.num_blocks):
+        doc, keep = int(layout.doc_index[n]), bool(layout.keep[n])
+        length = int(flat.doc_lengths[doc])
+        visible = context_visible(layout.anchor[n:n + 1], layout.keep[n:n + 1], length)[0]
+        rows = slice(n * block, (n + 1) * block)
+        expected[rows, starts[doc]:starts[doc] + length] = visible
+        own = flat.num_tokens + n * block
+        expected[rows, own:own + block] = keep
+    assert torch.equal(seen, expected)
+
+
+def test_unknown_drafter_attention_backend_is_refused(models, documents):
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        load_drafter_config({"attention_backend": "flash"})
+    target, drafter = models
+    tokens, loss_masks = documents
+    batch = TokenBatch.from_documents(tokens, "packed", loss_masks)
+    with pytest.raises(ValueError, match="cannot train on cpu: FlexAttention has no backward"):
+        drafter_with_backend(drafter, "flex").compute_loss(batch, target(batch), generator=torch.Generator())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_flex_path_matches_dense_loss_and_gradients(models, documents):
+    """On CUDA the drafter defaults to compiled FlexAttention: same loss and gradients as dense (fp32)."""
+    target, drafter = models
+    tokens, loss_masks = documents
+    anchors = [a.cuda() for a in packed_anchors(drafter, tokens, loss_masks)]
+    cuda_target = copy.deepcopy(target).cuda()
+    batch = TokenBatch.from_documents(tokens, "packed", loss_masks).to("cuda")
+    features = cuda_target(batch)
+    results = {}
+    for backend in ("dense", "flex"):
+        config = dataclasses.replace(drafter.config, attention_backend=backend)
+        cuda_drafter = DFlashDrafter.from_target(cuda_target, config)
+        cuda_drafter.load_state_dict(drafter.state_dict())
+        # padding blocks see nothing: their rows must come out as zeros, not NaN, on the fused kernel
+        result = cuda_drafter.compute_loss(batch, features, anchors=anchors, blocks_per_document=20)
+        grads = torch.autograd.grad(result.weighted_ce_sum, list(cuda_drafter.parameters()),
+                                    allow_unused=True, materialize_grads=True)
+        results[backend] = (result.weighted_ce_sum.detach(), grads)
+    assert max_relative_difference(results["flex"][0], results["dense"][0]) <= 1e-4
+    for grad, reference in zip(results["flex"][1], results["dense"][1]):
+        assert max_relative_difference(grad, reference) <= 1e-4

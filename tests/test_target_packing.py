@@ -127,6 +127,60 @@ def test_packed_row_with_one_document_equals_the_unpacked_run(target) -> None:
         assert max_relative_difference(a, b) <= TOLERANCE
 
 
+def test_packed_forward_checks_boundaries_and_plans_chunks_once(target, docs, monkeypatch) -> None:
+    """cu_seqlens is read back once per forward (a device sync on CUDA) and the GDN chunk plan and
+    conv windows are built by the first layer that needs them, not once per layer."""
+    import harness.models.gated_delta as gated_delta_module
+    import harness.models.layout as layout_module
+    import harness.models.short_conv as short_conv_module
+
+    batch = TokenBatch.from_documents(docs, "packed")
+    calls = {"validate": 0, "plan": 0, "windows": 0}
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(layout_module, "validate_cu_seqlens", counting("validate", layout_module.validate_cu_seqlens))
+    monkeypatch.setattr(gated_delta_module, "_plan_chunks", counting("plan", gated_delta_module._plan_chunks))
+    monkeypatch.setattr(short_conv_module, "_document_head_windows",
+                        counting("windows", short_conv_module._document_head_windows))
+    target(batch, gdn_backend="torch-chunk")
+    linear_layers = target.config.layer_types.count("linear_attention")
+    assert linear_layers >= 2, "the test needs several GDN layers to show the plan is shared"
+    assert calls == {"validate": 1, "plan": 1, "windows": 1}
+
+
+def test_prepared_documents_give_the_same_result_as_raw_cu_seqlens() -> None:
+    from harness.models.gated_delta import gated_delta_rule
+    from harness.models.layout import PackedDocuments
+    from harness.models.short_conv import causal_conv1d
+
+    lengths = [5, 1, 40, 17]
+    total = sum(lengths)
+    cu = torch.tensor([0, 5, 6, 46, 63], dtype=torch.int32)
+    prepared = PackedDocuments.from_cu_seqlens(cu, total=total)
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, total, 2, 16, generator=gen) for _ in range(3))
+    g = -torch.rand(1, total, 2, generator=gen)
+    beta = torch.rand(1, total, 2, generator=gen)
+    raw_out, _ = gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, backend="torch-chunk")
+    prepared_out, _ = gated_delta_rule(q, k, v, g, beta, cu_seqlens=prepared, backend="torch-chunk")
+    assert torch.equal(raw_out, prepared_out)
+    x, weight = torch.randn(1, total, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    assert torch.equal(causal_conv1d(x, weight, cu_seqlens=cu), causal_conv1d(x, weight, cu_seqlens=prepared))
+    kq, kk, kv = _qkv(total)
+    assert torch.equal(document_causal_attention(kq, kk, kv, cu_seqlens=cu),
+                       document_causal_attention(kq, kk, kv, cu_seqlens=prepared))
+    # a prepared row of another length is refused like a raw one
+    with pytest.raises(ValueError, match="must end at the packed length T=62"):
+        causal_conv1d(x[:, :-1], weight, cu_seqlens=prepared)
+    with pytest.raises(ValueError, match="must end at the packed length T=62"):
+        gated_delta_rule(q[:, :-1], k[:, :-1], v[:, :-1], g[:, :-1], beta[:, :-1], cu_seqlens=prepared)
+
+
 # ----------------------------------------------------------------------------- attention op
 
 

@@ -6,7 +6,7 @@ alone, as one padded batch and as one packed row — and prints the largest rela
 the separate runs for every tapped target layer, for the drafter loss and for the drafter gradients
 (identical anchors in all three runs). On CUDA with flash-linear-attention installed it also compares
 fla's gated delta rule with the pure-PyTorch ``torch-chunk`` reference (the op, and the packed
-target features). ``--json`` prints the same as JSON with a top-level ``ok``; the exit status is 1
+target features), and on CUDA the drafter's FlexAttention path (its CUDA default) with its dense path. ``--json`` prints the same as JSON with a top-level ``ok``; the exit status is 1
 when any difference exceeds its tolerance, 2 on bad input.
 
 Relative difference = ``max |x - reference| / max |reference|`` over a tensor (for gradients, the
@@ -217,6 +217,30 @@ def _fla_rows(
     return rows
 
 
+def _drafter_attention_rows(target: Any, drafter: Any, packed: Any, anchors: list[Any], gdn_backend: str,
+                            tolerances: dict[str, float]) -> list[CheckRow]:
+    """The drafter's FlexAttention path vs its dense path on the packed row: loss and gradients."""
+    import dataclasses
+
+    from harness.models.compare import max_relative_difference
+    from harness.models.drafter import DFlashDrafter
+
+    runs = {}
+    for backend in ("flex", "dense"):
+        copy = DFlashDrafter.from_target(target, dataclasses.replace(drafter.config, attention_backend=backend))
+        copy.load_state_dict(drafter.state_dict())
+        runs[backend] = _run_layout(target, copy, packed, anchors, gdn_backend)
+    flex, dense = runs["flex"], runs["dense"]
+    loss_difference = max(max_relative_difference(getattr(flex["loss"], name), getattr(dense["loss"], name))
+                          for name in ("weighted_ce_sum", "weight_sum"))
+    grad_difference = max(max_relative_difference(grad, ref) for grad, ref in zip(flex["grads"], dense["grads"]))
+    return [
+        CheckRow("drafter loss (sum w*CE, sum w)", "packed flex vs dense attention", loss_difference,
+                 tolerances["loss"]),
+        CheckRow("drafter gradients", "packed flex vs dense attention", grad_difference, tolerances["grads"]),
+    ]
+
+
 def _layer_name(target: Any, layer: int) -> str:
     return f"target layer {layer} ({target.config.layer_types[layer]})"
 
@@ -296,6 +320,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         rows.extend(_fla_rows(target, drafter, packed, lengths, tolerances["fla"], args.seed))
     else:
         notes.append("fla vs torch-chunk skipped: needs CUDA and flash-linear-attention")
+    if device.type == "cuda":
+        rows.extend(_drafter_attention_rows(target, drafter, packed, anchors, args.gdn_backend, tolerances))
     if args.negative_control:
         notes.append("negative control: GDN state leaks across packed documents; packed rows must fail")
     return {
@@ -305,6 +331,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "precision": precision,
         "seed": args.seed,
         "gdn_backend": args.gdn_backend,
+        "drafter_attention": drafter.attention_backend(device),
         "document_lengths": lengths,
         "blocks": int(reference["loss"].block_count),
         "tolerances": tolerances,
@@ -316,7 +343,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     """The report as a plain-text table."""
     header = (f"batchlab-check  device={report['device']} precision={report['precision']} seed={report['seed']} "
-              f"gdn={report['gdn_backend']}  documents={report['document_lengths']}  blocks={report['blocks']}")
+              f"gdn={report['gdn_backend']} drafter-attention={report['drafter_attention']}  documents={report['document_lengths']}  blocks={report['blocks']}")
     name_width = max(len(c["name"]) for c in report["checks"])
     comparison_width = max(len(c["comparison"]) for c in report["checks"])
     columns = f"{'check':<{name_width}}  {'comparison':<{comparison_width}}  {'max rel diff':>12}  {'tolerance':>9}  ok"

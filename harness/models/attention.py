@@ -28,7 +28,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from harness.models.layout import validate_cu_seqlens
+from harness.models.layout import PackedDocuments, packed_documents
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flash")
 
@@ -62,15 +62,15 @@ def document_causal_attention(
     value: torch.Tensor,
     *,
     attention_mask: torch.Tensor | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | PackedDocuments | None = None,
     scale: float | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Causal attention that never crosses a document boundary; q ``[B, L, Hq, D]``, k/v ``[B, L, Hkv, D]``.
 
     Give ``attention_mask`` (``[B, L]``, 1 = real token) for padded rows, or ``cu_seqlens`` (int32
-    document starts plus total length; ``B`` must be 1) for a packed row, or neither for plain causal
-    attention. ``scale`` defaults to ``D ** -0.5``. ``backend`` chooses the packed-row kernel (see the
+    document starts plus total length, or :class:`PackedDocuments`; ``B`` must be 1) for a packed row,
+    or neither for plain causal attention. ``scale`` defaults to ``D ** -0.5``. ``backend`` chooses the packed-row kernel (see the
     module docstring).
     """
     _check_qkv(query, key, value)
@@ -80,15 +80,15 @@ def document_causal_attention(
         return _padded_attention(query, key, value, attention_mask, scale)
     if query.shape[0] != 1:
         raise ValueError(f"a packed row has batch size 1, got query batch {query.shape[0]} with cu_seqlens")
-    validate_cu_seqlens(cu_seqlens, total=query.shape[1])
+    documents = packed_documents(cu_seqlens, total=query.shape[1], device=query.device)
     chosen = resolve_attention_backend(backend, query.device, query.dtype)
     q, k, v = query[0], key[0], value[0]
     if chosen == "flash":
-        out = _flash_varlen(q, k, v, cu_seqlens, scale)
+        out = _flash_varlen(q, k, v, documents, scale)
     elif chosen == "flex":
-        out = _flex_documents(q, k, v, cu_seqlens, scale)
+        out = _flex_documents(q, k, v, documents, scale)
     else:
-        out = _per_document_sdpa(q, k, v, cu_seqlens, scale)
+        out = _per_document_sdpa(q, k, v, documents, scale)
     return out[None]
 
 
@@ -145,7 +145,7 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return _sdpa_bhld(q, k, v, scale, mask=mask[:, None])
 
 
-def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: PackedDocuments,
                        scale: float | None) -> torch.Tensor:
     """Causal SDPA over each document of a packed ``[T, H, D]`` row, one call per document.
 
@@ -158,7 +158,7 @@ def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     if groups > 1:  # expand K/V heads once for the whole row rather than once per document
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    bounds = cu_seqlens.tolist()
+    bounds = documents.bounds
     out = torch.empty_like(q)
     for start, stop in zip(bounds[:-1], bounds[1:]):
         # 4-D [1, H, L, D] inputs: with 3-D ones CPU SDPA takes the slower math kernel
@@ -169,12 +169,11 @@ def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     return out
 
 
-def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: PackedDocuments,
                   scale: float | None) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
-    cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
+    cu, max_len = documents.cu_seqlens.to(q.device), documents.max_length  # int32; a host int
     return flash_attn_varlen_func(
         q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len,
         softmax_scale=scale, causal=True,
@@ -188,21 +187,36 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=True)
 
 
-def _flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                    scale: float | None) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def flex_attention_kernel(device: torch.device):
+    """FlexAttention for ``device``: compiled (fused, block-sparse) on CUDA, eager (unfused) elsewhere."""
+    if device.type == "cuda":
+        return _compiled_flex_attention()
+    from torch.nn.attention.flex_attention import flex_attention
 
-    total = q.shape[0]
-    cu = cu_seqlens.to(q.device).long()
-    document = torch.repeat_interleave(torch.arange(cu.numel() - 1, device=q.device), cu[1:] - cu[:-1])
+    return flex_attention
+
+
+def _document_causal_block_mask(documents: PackedDocuments, device: torch.device):
+    """FlexAttention block mask of a packed row: causal, and only within a document."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    total = documents.total
+    cu = documents.cu_seqlens.to(device).long()
+    document = torch.repeat_interleave(torch.arange(documents.num_documents, device=device), cu[1:] - cu[:-1])
 
     def document_causal(batch, head, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
         return (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)
 
-    on_cuda = q.device.type == "cuda"
-    block_mask = create_block_mask(document_causal, None, None, total, total, device=q.device, _compile=on_cuda)
-    attend = _compiled_flex_attention() if on_cuda else flex_attention
-    out = attend(
+    return create_block_mask(document_causal, None, None, total, total, device=device,
+                             _compile=device.type == "cuda")
+
+
+def _flex_documents(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: PackedDocuments,
+                    scale: float | None) -> torch.Tensor:
+    # Built by the first attention layer of a forward pass, reused by the others.
+    block_mask = documents.cached(("flex-document-causal", q.device),
+                                  lambda: _document_causal_block_mask(documents, q.device))
+    out = flex_attention_kernel(q.device)(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
     )

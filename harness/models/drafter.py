@@ -18,8 +18,12 @@ checkpoints map one to one):
   ``1 .. B-1``; slot ``k`` predicts the token at ``a + k`` (:mod:`harness.models.anchors`).
 
 The drafter works per document: a padded batch, a packed row and each document alone give the same
-blocks and the same numbers. The attention runs one document at a time, so memory grows with the
-largest document's ``blocks x context`` scores, never with a packed row's ``T x T`` (DESIGN.md §8).
+blocks and the same numbers. Two attention paths compute the same thing (``attention_backend``):
+``dense`` (the CPU default) runs one document at a time, so memory grows with the largest
+document's ``blocks x context`` scores, never with a packed row's ``T x T`` (DESIGN.md §8);
+``flex`` (the CUDA default) is one FlexAttention call with a block mask of the visibility rule,
+fused on CUDA so that no score matrix is stored at all (at 27B scale the dense scores of one
+8K-token document with 512 anchors would take gigabytes).
 
 **MASK token.** ``mask_token_id`` names an existing token of the target's vocabulary, whose frozen
 embedding is then used. When it is ``None`` the vocabulary is extended by one: the MASK token gets id
@@ -50,8 +54,12 @@ from harness.models.anchors import (
     context_visible,
     sample_anchors,
 )
+from harness.models.attention import flex_attention_kernel
 from harness.models.drafter_loss import DrafterLoss, drafter_loss, resolve_loss_decay_gamma
 from harness.models.layout import TokenBatch
+
+
+DRAFTER_ATTENTION_BACKENDS = ("auto", "dense", "flex")
 
 
 @dataclass
@@ -73,6 +81,7 @@ class DrafterConfig:
     loss_decay_gamma: float | None = None  # None: 7 for B=16, 5 for B=10, 4 for B=8
     mask_token_id: int | None = None  # None: add a MASK token (id = target vocab size)
     target_layer_ids: list[int] | None = None  # None: build_target_layer_ids(n_target, num_hidden_layers)
+    attention_backend: str = "auto"  # auto: flex on CUDA, dense elsewhere (see DFlashAttention)
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -95,6 +104,10 @@ class DrafterConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.attention_backend not in DRAFTER_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {DRAFTER_ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"mask_token_id must be >= 0 or null, got {self.mask_token_id}")
         resolve_loss_decay_gamma(self.block_size, self.loss_decay_gamma)
@@ -172,6 +185,7 @@ class _SharedLayerInputs:
     block_rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [NB, B, head_dim] at anchor + k
     documents: list[_DocumentSlice]  # documents that hold at least one block, in block order
     keep: torch.Tensor  # [NB] bool, False for padding blocks
+    block_mask: Any = None  # FlexAttention BlockMask over [blocks x (context ; blocks)]; None: dense path
 
 
 def _document_slices(documents: FlatDocuments, layout: BlockLayout) -> list[_DocumentSlice]:
@@ -230,6 +244,9 @@ class DFlashAttention(nn.Module):
         v_context = self.v_proj(context).view(-1, *kv_shape)
         q, k_block = _rotate(q, *shared.block_rope), _rotate(k_block, *shared.block_rope)
         k_context = _rotate(k_context, *shared.context_rope)
+        if shared.block_mask is not None:
+            attended = self._flex(q, k_block, v_block, k_context, v_context, shared.block_mask)
+            return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
         # [NB, B, H, d] -> [NB, B, H_kv, groups, d]: query heads grouped by the key/value head they share.
         q = q.view(num_blocks, block_size, self.num_kv_heads, groups, self.head_dim) * self.scaling
         # Written by hand rather than with SDPA: each block attends to [its document's context prefix ;
@@ -259,6 +276,50 @@ class DFlashAttention(nn.Module):
         else:
             attended = q.new_zeros(q.shape)
         return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
+
+
+    def _flex(self, q: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor, k_context: torch.Tensor,
+              v_context: torch.Tensor, block_mask: Any) -> torch.Tensor:
+        """The same attention as one FlexAttention call: queries are all block slots, keys/values are
+        [context ; all block slots], and ``block_mask`` (:func:`block_attention_mask`) admits exactly
+        what the dense path admits. Scores are never materialised on CUDA (a fused kernel that skips
+        fully masked tiles); on CPU FlexAttention runs unfused, so there the dense path is the default.
+        """
+        num_blocks, block_size = q.shape[:2]
+        queries = q.reshape(num_blocks * block_size, self.num_heads, self.head_dim).transpose(0, 1)[None]
+        keys = torch.cat([k_context, k_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
+        values = torch.cat([v_context, v_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
+        out = flex_attention_kernel(q.device)(queries, keys, values, block_mask=block_mask, scale=self.scaling,
+                     enable_gqa=self.num_heads != self.num_kv_heads)
+        return out[0].transpose(0, 1)  # [NB * B, H, d]; rows that see nothing (padding blocks) are 0
+
+
+def block_attention_mask(documents: FlatDocuments, layout: BlockLayout, device: torch.device) -> Any:
+    """FlexAttention block mask of the drafter's attention (the rule of :func:`context_visible`).
+
+    Queries: the ``NB * B`` block slots. Keys: the ``N`` context tokens, then the ``NB * B`` block
+    slots. Slot ``q`` of block ``n`` sees context token ``t`` when ``t`` is in block ``n``'s document
+    strictly before its anchor, and every slot of block ``n``; padding blocks see nothing.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    num_tokens, num_blocks, block_size = documents.num_tokens, layout.num_blocks, layout.block_size
+    block_slots = num_blocks * block_size
+    block_of_slot = torch.arange(num_blocks, device=device).repeat_interleave(block_size)
+    # Per key: document and position of a context token (-1 / 0 for block slots), block of a block slot (-1 for context).
+    key_document = torch.cat([documents.doc_of_token.to(device), torch.full((block_slots,), -1, device=device)])
+    key_position = torch.cat([documents.position_in_document.to(device),
+                              torch.zeros(block_slots, dtype=torch.long, device=device)])
+    key_block = torch.cat([torch.full((num_tokens,), -1, device=device), block_of_slot])
+    block_document, anchor, keep = (t.to(device) for t in (layout.doc_index, layout.anchor, layout.keep))
+
+    def drafter_visible(batch, head, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
+        block = block_of_slot[q_idx]
+        in_context = (key_document[kv_idx] == block_document[block]) & (key_position[kv_idx] < anchor[block])
+        return keep[block] & (in_context | (key_block[kv_idx] == block))
+
+    return create_block_mask(drafter_visible, None, None, block_slots, num_tokens + block_slots, device=device,
+                             _compile=device.type == "cuda")
 
 
 class DFlashDecoderLayer(nn.Module):
@@ -374,6 +435,17 @@ class DFlashDrafter(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
+    def attention_backend(self, device: torch.device) -> str:
+        """The attention path on ``device``: ``flex`` (CUDA default) or ``dense`` (CPU default)."""
+        if self.config.attention_backend == "auto":
+            return "flex" if device.type == "cuda" else "dense"
+        if self.config.attention_backend == "flex" and device.type != "cuda" and torch.is_grad_enabled():
+            raise ValueError(
+                f"attention_backend='flex' cannot train on {device.type}: FlexAttention has no backward "
+                "off CUDA; use attention_backend 'dense' (or 'auto'), or run under torch.no_grad()"
+            )
+        return self.config.attention_backend
+
     @property
     def embed_tokens(self) -> nn.Embedding:
         return self._target_io[0]
@@ -454,12 +526,14 @@ class DFlashDrafter(nn.Module):
         layout = build_block_layout(documents, anchors, self.block_size, blocks_per_document)
         context = self.fuse_context(documents, states)
         hidden = self.embed(block_input_ids(documents, layout, self.mask_token_id)).to(self.fc.weight.dtype)
+        use_flex = self.attention_backend(context.device) == "flex" and layout.num_blocks > 0
         shared = _SharedLayerInputs(
             context=context,
             context_rope=tuple(r[0] for r in self.rotary_emb(context, documents.position_in_document[None])),
             block_rope=self.rotary_emb(hidden, layout.slot_positions()),
-            documents=_document_slices(documents, layout),
+            documents=[] if use_flex else _document_slices(documents, layout),
             keep=layout.keep,
+            block_mask=block_attention_mask(documents, layout, context.device) if use_flex else None,
         )
         for layer in self.layers:
             hidden = layer(hidden, shared)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.models.layout import validate_cu_seqlens
+from harness.models.layout import PackedDocuments, packed_documents
 
 GATED_DELTA_BACKENDS = ("torch-chunk", "torch-recurrent", "fla")
 _BACKEND_CHOICES = ("auto", *GATED_DELTA_BACKENDS)
@@ -74,6 +74,7 @@ class _Shapes:
     key_dim: int
     value_dim: int
     num_docs: int
+    documents: PackedDocuments | None  # the packed row's boundaries, None for a batch of whole rows
 
 
 def _check_inputs(
@@ -83,7 +84,7 @@ def _check_inputs(
     g: torch.Tensor,
     beta: torch.Tensor,
     initial_state: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | PackedDocuments | None,
     chunk_size: int,
 ) -> _Shapes:
     """Validate shapes and ``cu_seqlens``; raise ValueError naming the field, the value and the fix."""
@@ -113,9 +114,10 @@ def _check_inputs(
                 f"with cu_seqlens the batch dimension must be 1 (one packed row), got B={batch}; "
                 "flatten the documents into one row of shape [1, T, ...]"
             )
-        validate_cu_seqlens(cu_seqlens, total=length)
-        num_docs = cu_seqlens.numel() - 1
+        documents = packed_documents(cu_seqlens, total=length, device=q.device)
+        num_docs = documents.num_documents
     else:
+        documents = None
         num_docs = batch
     if initial_state is not None:
         expected = (num_docs, value_heads, key_dim, value_dim)
@@ -124,7 +126,7 @@ def _check_inputs(
                 f"initial_state must be [N, HV, K, V] = {expected} (one state per document), "
                 f"got {tuple(initial_state.shape)}"
             )
-    return _Shapes(batch, length, key_heads, value_heads, key_dim, value_dim, num_docs)
+    return _Shapes(batch, length, key_heads, value_heads, key_dim, value_dim, num_docs, documents)
 
 
 def _compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
@@ -164,11 +166,11 @@ def _expand_key_heads(q: torch.Tensor, k: torch.Tensor, shapes: _Shapes) -> tupl
     return q.repeat_interleave(repeats, dim=2), k.repeat_interleave(repeats, dim=2)
 
 
-def _document_bounds(shapes: _Shapes, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int]]:
+def _document_bounds(shapes: _Shapes) -> list[tuple[int, int]]:
     """(start, end) of every document in the flattened ``[B * T]`` token order."""
-    if cu_seqlens is None:
+    if shapes.documents is None:
         return [(b * shapes.length, (b + 1) * shapes.length) for b in range(shapes.batch)]
-    bounds = cu_seqlens.tolist()
+    bounds = shapes.documents.bounds
     return list(zip(bounds[:-1], bounds[1:]))
 
 
@@ -215,7 +217,7 @@ def gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | PackedDocuments | None = None,
     backend: str = "auto",
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -229,8 +231,9 @@ def gated_delta_rule(
         initial_state: ``[N, HV, K, V]``, one state per document (N = B without ``cu_seqlens``).
         output_final_state: also return the state after every document, ``[N, HV, K, V]`` (fp32).
         use_qk_l2norm_in_kernel: l2-normalise q and k (eps 1e-6) before scaling.
-        cu_seqlens: int32/int64 ``[N + 1]`` document boundaries of one packed row (B must be 1); the
-            state restarts at every document start.
+        cu_seqlens: int32/int64 ``[N + 1]`` document boundaries of one packed row (B must be 1), or
+            :class:`PackedDocuments` prepared once per forward pass; the state restarts at every
+            document start.
         backend: ``auto`` (fla on CUDA when installed, else torch-chunk) or one of
             :data:`GATED_DELTA_BACKENDS`.
         chunk_size: chunk length of the torch-chunk backend (fla uses its own, 64); default
@@ -248,7 +251,7 @@ def gated_delta_rule(
         scale = shapes.key_dim**-0.5
     if resolved == "fla":
         return _fla(q, k, v, g, beta, shapes, scale, initial_state, output_final_state,
-                    use_qk_l2norm_in_kernel, cu_seqlens)
+                    use_qk_l2norm_in_kernel)
 
     out_dtype = q.dtype
     dtype = _compute_dtype(q, k, v, initial_state)
@@ -261,10 +264,9 @@ def gated_delta_rule(
     state0 = None if initial_state is None else initial_state.to(dtype)
     if resolved == "torch-recurrent":
         o, final = _recurrent(flat(q), flat(k), flat(v), flat(g), flat(beta),
-                              _document_bounds(shapes, cu_seqlens), state0)
+                              _document_bounds(shapes), state0)
     else:
-        o, final = _chunked(flat(q), flat(k), flat(v), flat(g), flat(beta), shapes, cu_seqlens, state0,
-                            chunk_size)
+        o, final = _chunked(flat(q), flat(k), flat(v), flat(g), flat(beta), shapes, state0, chunk_size)
     o = o.reshape(shapes.batch, shapes.length, shapes.value_heads, shapes.value_dim).to(out_dtype)
     return o, (final if output_final_state else None)
 
@@ -289,7 +291,6 @@ def _fla(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     use_qk_l2norm_in_kernel: bool,
-    cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Call fla's Triton kernel (keyword arguments only: positional calls of some fla ops mis-bind)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -305,7 +306,7 @@ def _fla(
         initial_state=None if initial_state is None else initial_state.float(),
         output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+        cu_seqlens=None if shapes.documents is None else shapes.documents.cu_seqlens.to(q.device).long(),
     )
     return o.to(q.dtype), (final if output_final_state else None)
 
@@ -361,7 +362,6 @@ def _chunked(
     g: torch.Tensor,
     beta: torch.Tensor,
     shapes: _Shapes,
-    cu_seqlens: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -372,13 +372,19 @@ def _chunked(
     """
     num_tokens, value_heads, key_dim = k.shape
     value_dim = v.shape[2]
-    if cu_seqlens is None:
+    if shapes.documents is None:
         starts = torch.arange(shapes.batch) * shapes.length
         lengths = torch.full((shapes.batch,), shapes.length)
+        plan = _plan_chunks(starts, lengths, chunk_size, num_tokens, q.device)
     else:
-        bounds = cu_seqlens.detach().to("cpu", torch.long)
-        starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-    plan = _plan_chunks(starts, lengths, chunk_size, num_tokens, q.device)
+        documents = shapes.documents
+        bounds = torch.tensor(documents.bounds)
+
+        def build() -> _ChunkPlan:
+            return _plan_chunks(bounds[:-1], bounds[1:] - bounds[:-1], chunk_size, num_tokens, q.device)
+
+        # Planned by the first GDN layer of a forward pass, reused by the others.
+        plan = documents.cached(("gdn-chunk-plan", chunk_size, q.device), build)
 
     # One gather for all inputs; the appended zero row fills the tail of each document's last chunk
     # (q = k = v = 0, beta = 0, g = 0), which leaves outputs and states of real tokens unchanged.

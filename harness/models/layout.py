@@ -9,9 +9,9 @@ total length) and ``position_ids`` that restart at 0 for every document. Both ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
@@ -107,23 +107,81 @@ class TokenBatch:
         return TokenBatch(input_ids, position_ids, loss_mask, attention_mask=attention_mask)
 
 
-def validate_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> None:
-    """Raise a clear error unless ``cu_seqlens`` is 1-D, starts at 0, ends at ``total`` and never decreases."""
+def validate_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[int, ...]:
+    """Raise a clear error unless ``cu_seqlens`` is 1-D, starts at 0, ends at ``total`` and increases.
+
+    Returns the boundaries as host ints (read back once: one device sync on CUDA).
+    """
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"cu_seqlens must be int32 (or int64), got {cu_seqlens.dtype}")
-    first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
-    if first != 0:
-        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={first}")
-    if last != total:
+    bounds = tuple(cu_seqlens.tolist())
+    if bounds[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={bounds[0]}")
+    if bounds[-1] != total:
         raise ValueError(
-            f"cu_seqlens must end at the packed length T={total}, got cu_seqlens[-1]={last}"
+            f"cu_seqlens must end at the packed length T={total}, got cu_seqlens[-1]={bounds[-1]}"
         )
-    steps = cu_seqlens[1:] - cu_seqlens[:-1]
-    if bool((steps <= 0).any()):
-        doc = int(torch.nonzero(steps <= 0)[0])
-        raise ValueError(
-            f"cu_seqlens must increase strictly: document {doc} has length {int(steps[doc])} "
-            f"(cu_seqlens[{doc}]={int(cu_seqlens[doc])}, cu_seqlens[{doc + 1}]={int(cu_seqlens[doc + 1])})"
-        )
+    for doc, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if stop <= start:
+            raise ValueError(
+                f"cu_seqlens must increase strictly: document {doc} has length {stop - start} "
+                f"(cu_seqlens[{doc}]={start}, cu_seqlens[{doc + 1}]={stop})"
+            )
+    return bounds
+
+
+@dataclass(frozen=True, eq=False)
+class PackedDocuments:
+    """The document boundaries of one packed row, checked once and shared by every layer of a forward.
+
+    Every op that takes ``cu_seqlens`` (attention, gated delta rule, short conv) also takes this. Given
+    a raw tensor, each op must check it and read it back to the host; on CUDA each of those reads is
+    a device sync, once per op per layer. A model builds this once per forward pass
+    (:meth:`from_cu_seqlens`) instead: the host copy of the boundaries is read once, and index
+    structures that depend only on the boundaries (the GDN chunk plan, an attention block mask) are
+    built by the first layer that needs them and reused by the rest (:meth:`cached`).
+    """
+
+    cu_seqlens: torch.Tensor  # [N + 1] int32 on the device of the row
+    bounds: tuple[int, ...]  # the same boundaries on the host
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: torch.Tensor, total: int,
+                        device: torch.device | None = None) -> PackedDocuments:
+        """Check ``cu_seqlens`` against the row length ``total`` (see :func:`validate_cu_seqlens`)."""
+        bounds = validate_cu_seqlens(cu_seqlens, total=total)
+        device = cu_seqlens.device if device is None else torch.device(device)
+        return cls(cu_seqlens=cu_seqlens.to(device=device, dtype=torch.int32), bounds=bounds)
+
+    @property
+    def total(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def max_length(self) -> int:
+        return max(stop - start for start, stop in zip(self.bounds[:-1], self.bounds[1:]))
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` on first use of ``key``, the same object afterwards (index structures only)."""
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+
+def packed_documents(cu_seqlens: torch.Tensor | PackedDocuments, total: int,
+                     device: torch.device | None = None) -> PackedDocuments:
+    """``cu_seqlens`` as :class:`PackedDocuments` for a row of ``total`` tokens (checked if raw)."""
+    if isinstance(cu_seqlens, PackedDocuments):
+        if cu_seqlens.total != total:
+            raise ValueError(
+                f"cu_seqlens must end at the packed length T={total}, got cu_seqlens[-1]={cu_seqlens.total}"
+            )
+        return cu_seqlens
+    return PackedDocuments.from_cu_seqlens(cu_seqlens, total, device)

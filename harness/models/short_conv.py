@@ -21,15 +21,15 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from harness.models.layout import validate_cu_seqlens
+from harness.models.layout import PackedDocuments, packed_documents
 
 SHORT_CONV_BACKENDS = ("torch", "fla")
 _ACTIVATIONS = (None, "silu", "swish")
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-           cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    """Validate inputs; return the weight as ``[D, W]``."""
+           cu_seqlens: torch.Tensor | PackedDocuments | None) -> tuple[torch.Tensor, PackedDocuments | None]:
+    """Validate inputs; return the weight as ``[D, W]`` and the packed row's documents (or None)."""
     if x.dim() != 3:
         raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
     channels = x.shape[2]
@@ -50,8 +50,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act
                 f"with cu_seqlens the batch dimension must be 1 (one packed row), got B={x.shape[0]}; "
                 "flatten the documents into one row of shape [1, T, D]"
             )
-        validate_cu_seqlens(cu_seqlens, total=x.shape[1])
-    return weight
+        return weight, packed_documents(cu_seqlens, total=x.shape[1], device=x.device)
+    return weight, None
 
 
 def _resolve(backend: str, device: torch.device) -> str:
@@ -74,7 +74,7 @@ def causal_conv1d(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     activation: str | None = "silu",
-    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | PackedDocuments | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Depthwise causal conv over time, reset at every document start.
@@ -84,45 +84,40 @@ def causal_conv1d(
         weight: ``[D, W]`` or nn.Conv1d's ``[D, 1, W]``; ``weight[:, W-1]`` multiplies the current token.
         bias: optional ``[D]``.
         activation: ``"silu"`` (= ``"swish"``) or None.
-        cu_seqlens: int32/int64 ``[N + 1]`` document boundaries of one packed row (B must be 1).
+        cu_seqlens: int32/int64 ``[N + 1]`` document boundaries of one packed row (B must be 1), or
+            :class:`PackedDocuments` prepared once per forward pass.
         backend: ``auto`` (fla on CUDA when installed, else torch), ``torch`` or ``fla``.
 
     Returns:
         ``[B, T, D]`` in x's dtype (computed in the weight's dtype, as transformers does).
     """
-    weight = _check(x, weight, bias, activation, cu_seqlens)
+    weight, documents = _check(x, weight, bias, activation, cu_seqlens)
     if _resolve(backend, x.device) == "fla":
-        return _fla_conv(x, weight, bias, activation, cu_seqlens)
+        return _fla_conv(x, weight, bias, activation, documents)
     width, channels, length = weight.shape[1], x.shape[2], x.shape[1]
     compute_x = x.to(weight.dtype)
     # transformers' fallback: one zero-padded depthwise F.conv1d over [B, D, T]
     out = F.conv1d(compute_x.transpose(1, 2), weight.unsqueeze(1), bias, padding=width - 1,
                    groups=channels)[..., :length].transpose(1, 2)
-    if cu_seqlens is not None and width > 1:
-        out = _recompute_document_heads(out, compute_x, weight, bias, cu_seqlens)
+    if documents is not None and width > 1:
+        out = _recompute_document_heads(out, compute_x, weight, bias, documents)
     if activation is not None:
         out = F.silu(out)
     return out.to(x.dtype)
 
 
 def _recompute_document_heads(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                              bias: torch.Tensor | None, cu_seqlens: torch.Tensor) -> torch.Tensor:
+                              bias: torch.Tensor | None, documents: PackedDocuments) -> torch.Tensor:
     """Overwrite the first W-1 outputs of every document with windows that stop at its start.
 
     Only these outputs can read a previous document, so the row-wide conv stays and at most
     (W-1) * N outputs are recomputed, all at once with one gather.
     """
     width = weight.shape[1]
-    bounds = cu_seqlens.to(x.device, torch.long)
-    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
-    head = torch.arange(width - 1, device=x.device)
-    in_doc = head[None, :] < lengths[:, None]  # [N, W-1]
-    position = head[None, :].expand_as(in_doc)[in_doc]  # position in document of every head token
-    token = (starts[:, None] + head[None, :])[in_doc]  # [F]
-    tap = torch.arange(width, device=x.device)  # tap j multiplies x_{t - (W-1) + j}
-    source = token[:, None] - (width - 1) + tap[None, :]  # [F, W]
-    inside = (width - 1 - tap)[None, :] <= position[:, None]  # reads stay within the document
-    window = x[0, source.clamp(min=0)] * inside[..., None].to(x.dtype)  # [F, W, D]
+    token, source, inside = documents.cached(
+        ("conv-document-heads", width, x.device), lambda: _document_head_windows(documents, width, x.device)
+    )
+    window = x[0, source] * inside[..., None].to(x.dtype)  # [F, W, D]
     fixed = (window * weight.transpose(0, 1)[None]).sum(dim=1)
     if bias is not None:
         fixed = fixed + bias
@@ -130,8 +125,23 @@ def _recompute_document_heads(out: torch.Tensor, x: torch.Tensor, weight: torch.
     return out.index_put_((torch.zeros_like(token), token), fixed)
 
 
+def _document_head_windows(documents: PackedDocuments, width: int,
+                           device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first W-1 tokens of every document, the W tokens each one reads, and which reads are inside."""
+    bounds = documents.cu_seqlens.to(device, torch.long)
+    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]
+    head = torch.arange(width - 1, device=device)
+    in_doc = head[None, :] < lengths[:, None]  # [N, W-1]
+    position = head[None, :].expand_as(in_doc)[in_doc]  # position in document of every head token
+    token = (starts[:, None] + head[None, :])[in_doc]  # [F]
+    tap = torch.arange(width, device=device)  # tap j multiplies x_{t - (W-1) + j}
+    source = token[:, None] - (width - 1) + tap[None, :]  # [F, W]
+    inside = (width - 1 - tap)[None, :] <= position[:, None]  # reads stay within the document
+    return token, source.clamp(min=0), inside
+
+
 def _fla_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-              cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+              documents: PackedDocuments | None) -> torch.Tensor:
     """fla's Triton varlen conv (keyword arguments; it returns ``(y, final_state)``)."""
     from fla.modules.convolution import causal_conv1d as fla_causal_conv1d
 
@@ -140,7 +150,7 @@ def _fla_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
         weight=weight,
         bias=bias,
         activation=activation,
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+        cu_seqlens=None if documents is None else documents.cu_seqlens.to(x.device).long(),
     )
     out = result[0] if isinstance(result, tuple) else result
     return out.to(x.dtype)

@@ -45,7 +45,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 from harness.models.attention import document_causal_attention
 from harness.models.config import build_target_layer_ids, check_tap_layer_ids, load_target_config
 from harness.models.gated_delta import gated_delta_rule
-from harness.models.layout import TokenBatch, validate_cu_seqlens
+from harness.models.layout import PackedDocuments, TokenBatch
 from harness.models.short_conv import causal_conv1d
 
 __all__ = ["HybridTarget", "TargetFeatures"]
@@ -76,7 +76,7 @@ class GatedDeltaNetMixer(Qwen3_5GatedDeltaNet):
         hidden_states: torch.Tensor,
         *,
         padding_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | PackedDocuments | None = None,
         gdn_backend: str = "auto",
     ) -> torch.Tensor:
         """Mix ``[B, L, D]`` hidden states; ``padding_mask`` ``[B, L]`` zeroes pads, ``cu_seqlens`` splits documents."""
@@ -111,7 +111,7 @@ class GatedAttentionMixer(Qwen3_5Attention):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         *,
         attention_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | PackedDocuments | None = None,
         attention_backend: str = "auto",
     ) -> torch.Tensor:
         """Attend within documents; ``position_embeddings`` are (cos, sin) ``[B, L, rotary_dim]``."""
@@ -172,8 +172,8 @@ class HybridDecoderLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
         attention_mask: torch.Tensor | None,
         padding_mask: torch.Tensor | None,
-        cu_seqlens: torch.Tensor | None,
-        linear_cu_seqlens: torch.Tensor | None,
+        cu_seqlens: PackedDocuments | None,
+        linear_cu_seqlens: PackedDocuments | None,
         gdn_backend: str,
         attention_backend: str,
     ) -> torch.Tensor:
@@ -306,9 +306,9 @@ class HybridTarget(nn.Module):
             batch = batch.to(self.device)
         input_ids = self._checked_input_ids(batch)
         packed = batch.cu_seqlens is not None
-        if packed:
-            validate_cu_seqlens(batch.cu_seqlens, total=input_ids.shape[1])
-        cu_seqlens = batch.cu_seqlens
+        cu_seqlens = None
+        if packed:  # checked and read back once here; every layer shares it (and what it caches)
+            cu_seqlens = PackedDocuments.from_cu_seqlens(batch.cu_seqlens, total=input_ids.shape[1])
         padding_mask = None
         attention_mask = None
         if not packed:

@@ -8,18 +8,29 @@ TORCH_VERSION ?= 2.13.0
 # Where there is no CUDA, take the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
+# A separate venv with Triton and fla for `make fla-interpret` (never Triton in .venv on a CPU-only
+# machine: transformers would route Gated DeltaNet to fla kernels that cannot run there).
+FLA_VENV ?= .venv-fla
+FLA_VERSION ?= 0.6.0
+TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench fla-interpret clean
+
+# $(call install_torch,VENV): 1) a torch wheel already on this machine (pip's find-links; its
+# dependencies then come from the usual index), 2) PyPI's default (CUDA) build where there is a GPU,
+# 3) the CPU index otherwise.
+define install_torch
+	{ $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
+	    && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
+	  || { command -v nvidia-smi >/dev/null 2>&1 && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
+	  || $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
+endef
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	@# 1) a torch wheel already on this machine (pip's find-links), 2) the CPU index when there is
-	@# no GPU, 3) PyPI's default (CUDA) build when there is one.
-	$(PIP) install "torch==$(TORCH_VERSION)" --no-index \
-	  || { command -v nvidia-smi >/dev/null 2>&1 && $(PIP) install "torch==$(TORCH_VERSION)"; } \
-	  || $(PIP) install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
+	$(call install_torch,$(VENV))
 	$(PIP) install -e ".[dev]"
 	touch $(STAMP)
 
@@ -33,5 +44,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write
 	$(PY) benchmarks/target_throughput.py --write
 
+# fla's kernels on CPU through Triton's interpreter, against the torch references (a few minutes).
+fla-interpret:
+	$(PYTHON) -m venv $(FLA_VENV)
+	$(call install_torch,$(FLA_VENV))
+	$(FLA_VENV)/bin/python -m pip install -e . "triton==$(TRITON_VERSION)" einops
+	$(FLA_VENV)/bin/python -m pip install --no-deps "fla-core==$(FLA_VERSION)" "flash-linear-attention==$(FLA_VERSION)"
+	$(FLA_VENV)/bin/python benchmarks/fla_interpreter_check.py $(ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(FLA_VENV) build *.egg-info .pytest_cache .hypothesis

@@ -5,14 +5,17 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
-# flash-linear-attention is needed for the fla paths; with no network, put its wheel (and any
-# missing dependency) in a folder and set WHEELS=that/folder.
+# flash-linear-attention is needed for the fla paths; with no network, put its wheels (and any
+# missing dependency) in a folder and set WHEELS=that/folder (default: .whl when it exists), e.g.
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux_2_28_x86_64 -d .whl flash-linear-attention fla-core
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu-check}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
+if [ -z "${WHEELS:-}" ] && [ -d .whl ]; then WHEELS=.whl; fi
 if [ -n "${WHEELS:-}" ]; then
   "$py" -m pip install -q --no-index --no-deps --target /tmp/batchlab-site "$WHEELS"/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/batchlab-site"
@@ -28,7 +31,8 @@ except Exception as err:  # noqa: BLE001 - report whatever stops the import
     print("fla missing:", err)
 PY
 status=0
-"$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" || status=1
+"$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py tests/test_drafter_packing.py \
+  tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" || status=1
 for variant in "--dtype float32" "--dtype float32 --tf32" "--dtype bfloat16"; do
   name=$(echo "$variant" | tr -d ' -' )
   "$py" -m harness.cli.check --device cuda $variant --json > "$out/check_$name.json" 2> "$out/check_$name.err" || status=1

@@ -258,9 +258,23 @@ def test_bad_input_raises_clear_error(overrides, message):
         _bad_call(**overrides)
 
 
-def test_fla_backend_on_cpu_tensors_says_how_to_fix():
+def test_fla_backend_on_cpu_tensors_says_how_to_fix(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="needs CUDA tensors.*torch-chunk"):
         _bad_call(backend="fla")
+
+
+def test_triton_interpreter_lets_fla_take_cpu_tensors_but_auto_never_picks_it(monkeypatch):
+    from harness.models.gated_delta import resolve_backend
+    from harness.models.kernel_libraries import fla_available
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert resolve_backend("auto", torch.device("cpu")) == "torch-chunk"
+    if fla_available():
+        assert resolve_backend("fla", torch.device("cpu")) == "fla"
+    else:  # past the device check, the missing package is what is reported
+        with pytest.raises(ValueError, match="flash-linear-attention, which is not installed"):
+            resolve_backend("fla", torch.device("cpu"))
 
 
 def test_known_backends_are_listed():

@@ -252,7 +252,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     from harness.models.anchors import FlatDocuments, sample_anchors
     from harness.models.compare import max_relative_difference
     from harness.models.drafter import DFlashDrafter, load_drafter_config
-    from harness.models.gated_delta import fla_available
+    from harness.models.kernel_libraries import fla_available
     from harness.models.layout import TokenBatch
     from harness.models.target import HybridTarget
 

@@ -23,19 +23,14 @@ query attention: the query head count a multiple of the key/value head count) an
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 import torch.nn.functional as F
 
+from harness.models.kernel_libraries import flash_attn_available
 from harness.models.layout import PackedDocuments, packed_documents
 
 ATTENTION_BACKENDS = ("sdpa", "flex", "flash")
-
-
-def flash_attn_available() -> bool:
-    """Whether the flash-attn package (with ``flash_attn_varlen_func``) can be imported."""
-    return importlib.util.find_spec("flash_attn") is not None
 
 
 def resolve_attention_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:

@@ -22,11 +22,11 @@ each document alone.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 
+from harness.models.kernel_libraries import fla_available, triton_interpreter_enabled
 from harness.models.layout import PackedDocuments, packed_documents
 
 GATED_DELTA_BACKENDS = ("torch-chunk", "torch-recurrent", "fla")
@@ -38,11 +38,6 @@ def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=dim, keepdim=True) + eps)
 
 
-def fla_available() -> bool:
-    """True when flash-linear-attention can be imported (it needs Triton and a GPU to run)."""
-    return importlib.util.find_spec("fla") is not None
-
-
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Turn ``backend`` (``auto`` or one of :data:`GATED_DELTA_BACKENDS`) into a concrete backend."""
     if backend not in _BACKEND_CHOICES:
@@ -52,7 +47,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "fla" if device.type == "cuda" and fla_available() else "torch-chunk"
     if backend == "fla":
-        if device.type != "cuda":
+        if device.type != "cuda" and not triton_interpreter_enabled():
             raise ValueError(
                 f"backend='fla' needs CUDA tensors, got tensors on {device}; "
                 "use backend='torch-chunk' (or 'auto') on CPU"
@@ -292,10 +287,16 @@ def _fla(
     output_final_state: bool,
     use_qk_l2norm_in_kernel: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Call fla's Triton kernel (keyword arguments only: positional calls of some fla ops mis-bind)."""
+    """Call fla's Triton kernel (keyword arguments only: positional calls of some fla ops mis-bind).
+
+    More value heads than key heads go to fla as they are: fla >= 0.6 maps value head h to key head
+    h // (HV // H) itself (checked bit-identical to expanding q/k first), so q and k are not copied.
+    """
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    q, k = _expand_key_heads(q, k, shapes)
+    cu_seqlens = cu_seqlens_cpu = None
+    if shapes.documents is not None:
+        cu_seqlens, cu_seqlens_cpu = shapes.documents.int64_boundaries(q.device)
     o, final = chunk_gated_delta_rule(
         q=q,
         k=k,
@@ -306,9 +307,10 @@ def _fla(
         initial_state=None if initial_state is None else initial_state.float(),
         output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=None if shapes.documents is None else shapes.documents.cu_seqlens.to(q.device).long(),
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
     )
-    return o.to(q.dtype), (final if output_final_state else None)
+    return o.to(q.dtype), final
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,16 @@ class PackedDocuments:
     def max_length(self) -> int:
         return max(stop - start for start, stop in zip(self.bounds[:-1], self.bounds[1:]))
 
+    def int64_boundaries(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cu_seqlens`` as int64 on ``device`` and on the host, the same two tensors on every call.
+
+        fla wants both (``cu_seqlens``, ``cu_seqlens_cpu``): with the host copy it plans its chunks
+        without a device sync, and it caches that plan by tensor identity, so every layer must pass
+        the very same tensor objects.
+        """
+        return self.cached(("int64-boundaries", torch.device(device)), lambda: (
+            self.cu_seqlens.to(device=device, dtype=torch.long), torch.tensor(self.bounds, dtype=torch.long)))
+
     def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()`` on first use of ``key``, the same object afterwards (index structures only)."""
         if key not in self._cache:

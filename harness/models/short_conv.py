@@ -16,11 +16,10 @@ time). On CUDA with flash-linear-attention installed, fla's varlen Triton conv i
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
+from harness.models.kernel_libraries import fla_available, triton_interpreter_enabled
 from harness.models.layout import PackedDocuments, packed_documents
 
 SHORT_CONV_BACKENDS = ("torch", "fla")
@@ -58,10 +57,10 @@ def _resolve(backend: str, device: torch.device) -> str:
     choices = ("auto", *SHORT_CONV_BACKENDS)
     if backend not in choices:
         raise ValueError(f"backend={backend!r} is not a short conv backend; choose one of {choices}")
-    has_fla = importlib.util.find_spec("fla") is not None
+    has_fla = fla_available()
     if backend == "auto":
         return "fla" if device.type == "cuda" and has_fla else "torch"
-    if backend == "fla" and (device.type != "cuda" or not has_fla):
+    if backend == "fla" and ((device.type != "cuda" and not triton_interpreter_enabled()) or not has_fla):
         raise ValueError(
             f"backend='fla' needs CUDA tensors and flash-linear-attention (device={device}, "
             f"fla installed={has_fla}); use backend='torch' or 'auto'"
@@ -143,14 +142,18 @@ def _document_head_windows(documents: PackedDocuments, width: int,
 def _fla_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
               documents: PackedDocuments | None) -> torch.Tensor:
     """fla's Triton varlen conv (keyword arguments; it returns ``(y, final_state)``)."""
-    from fla.modules.convolution import causal_conv1d as fla_causal_conv1d
+    from fla.modules.causal_conv1d import causal_conv1d as fla_causal_conv1d
 
+    cu_seqlens = cu_seqlens_cpu = None
+    if documents is not None:
+        cu_seqlens, cu_seqlens_cpu = documents.int64_boundaries(x.device)
     result = fla_causal_conv1d(
         x=x,
         weight=weight,
         bias=bias,
         activation=activation,
-        cu_seqlens=None if documents is None else documents.cu_seqlens.to(x.device).long(),
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
     )
     out = result[0] if isinstance(result, tuple) else result
     return out.to(x.dtype)

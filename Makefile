@@ -16,14 +16,26 @@ TRITON_VERSION ?= 3.9.0
 
 .PHONY: install demo test bench fla-interpret clean
 
-# $(call install_torch,VENV): 1) a torch wheel already on this machine (pip's find-links; its
-# dependencies then come from the usual index), 2) PyPI's default (CUDA) build where there is a GPU,
-# 3) the CPU index otherwise.
+# $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
+# the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
+# dependencies then come from the usual index), 2) the CPU index.
 define install_torch
-	{ $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+	  $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" \
+	  && { $(1)/bin/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+	       || echo "WARNING: nvidia-smi answers but the installed torch sees no GPU; GPU paths will be skipped" >&2; }; \
+	else \
+	  { $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
 	    && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
-	  || { command -v nvidia-smi >/dev/null 2>&1 && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
-	  || $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
+	  || $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX); \
+	fi
+endef
+
+# $(call install_cpu_torch,VENV): always the CPU build (the local wheel, else the CPU index).
+define install_cpu_torch
+	{ $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
+	  && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
+	|| $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
 endef
 
 install: $(STAMP)
@@ -44,12 +56,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write
 	$(PY) benchmarks/target_throughput.py --write
 
-# fla's kernels on CPU through Triton's interpreter, against the torch references (a few minutes).
-fla-interpret:
+# fla's kernels on CPU through Triton's interpreter, against the torch references (a few minutes;
+# always the CPU torch build, even on a GPU machine: the check runs on the CPU).
+FLA_STAMP := $(FLA_VENV)/.installed
+
+$(FLA_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(FLA_VENV)
-	$(call install_torch,$(FLA_VENV))
+	$(call install_cpu_torch,$(FLA_VENV))
 	$(FLA_VENV)/bin/python -m pip install -e . "triton==$(TRITON_VERSION)" einops
 	$(FLA_VENV)/bin/python -m pip install --no-deps "fla-core==$(FLA_VERSION)" "flash-linear-attention==$(FLA_VERSION)"
+	touch $(FLA_STAMP)
+
+fla-interpret: $(FLA_STAMP)
 	$(FLA_VENV)/bin/python benchmarks/fla_interpreter_check.py $(ARGS)
 
 clean:

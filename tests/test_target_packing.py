@@ -181,6 +181,29 @@ def test_prepared_documents_give_the_same_result_as_raw_cu_seqlens() -> None:
         gated_delta_rule(q[:, :-1], k[:, :-1], v[:, :-1], g[:, :-1], beta[:, :-1], cu_seqlens=prepared)
 
 
+def test_prepared_documents_own_their_boundaries_and_survive_inference_mode() -> None:
+    from harness.models.gated_delta import gated_delta_rule
+    from harness.models.layout import PackedDocuments
+    from harness.models.short_conv import causal_conv1d
+
+    cu = torch.tensor([0, 5, 6, 46, 63], dtype=torch.int32)
+    prepared = PackedDocuments.from_cu_seqlens(cu, total=63)
+    cu[1] = 30  # a later write to the caller's tensor does not reach the prepared copy
+    assert prepared.cu_seqlens.tolist() == list(prepared.bounds) == [0, 5, 6, 46, 63]
+
+    gen = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(1, 63, 8, generator=gen), torch.randn(8, 4, generator=gen)
+    q, k, v = (torch.randn(1, 63, 2, 16, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(1, 63, 2, generator=gen), torch.rand(1, 63, 2, generator=gen)
+    with torch.inference_mode():  # the first use builds (and caches) the index structures
+        causal_conv1d(x, weight, cu_seqlens=prepared)
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=prepared, backend="torch-chunk")
+    # ... which a later call with gradients must be able to save for backward
+    causal_conv1d(x.clone().requires_grad_(), weight, cu_seqlens=prepared).sum().backward()
+    out, _ = gated_delta_rule(q.clone().requires_grad_(), k, v, g, beta, cu_seqlens=prepared, backend="torch-chunk")
+    out.sum().backward()
+
+
 # ----------------------------------------------------------------------------- attention op
 
 

@@ -197,7 +197,8 @@ def _document_causal_block_mask(documents: PackedDocuments, device: torch.device
 
     total = documents.total
     cu = documents.cu_seqlens.to(device).long()
-    document = torch.repeat_interleave(torch.arange(documents.num_documents, device=device), cu[1:] - cu[:-1])
+    document = torch.repeat_interleave(torch.arange(documents.num_documents, device=device), cu[1:] - cu[:-1],
+                                       output_size=total)  # the size given: no device sync
 
     def document_causal(batch, head, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
         return (document[q_idx] == document[kv_idx]) & (q_idx >= kv_idx)

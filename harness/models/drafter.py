@@ -436,10 +436,15 @@ class DFlashDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def attention_backend(self, device: torch.device) -> str:
-        """The attention path on ``device``: ``flex`` (CUDA default) or ``dense`` (CPU default)."""
+        """The attention path on ``device``: ``flex`` (CUDA default) or ``dense`` (CPU default).
+
+        ``auto`` keeps the dense path for head dims under 16, which FlexAttention's CUDA kernel does
+        not take.
+        """
         if self.config.attention_backend == "auto":
-            return "flex" if device.type == "cuda" else "dense"
-        if self.config.attention_backend == "flex" and device.type != "cuda" and torch.is_grad_enabled():
+            return "flex" if device.type == "cuda" and self.config.head_dim >= 16 else "dense"
+        training = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if self.config.attention_backend == "flex" and device.type != "cuda" and training:
             raise ValueError(
                 f"attention_backend='flex' cannot train on {device.type}: FlexAttention has no backward "
                 "off CUDA; use attention_backend 'dense' (or 'auto'), or run under torch.no_grad()"

@@ -380,9 +380,9 @@ def _chunked(
         plan = _plan_chunks(starts, lengths, chunk_size, num_tokens, q.device)
     else:
         documents = shapes.documents
-        bounds = torch.tensor(documents.bounds)
 
         def build() -> _ChunkPlan:
+            bounds = torch.tensor(documents.bounds)
             return _plan_chunks(bounds[:-1], bounds[1:] - bounds[:-1], chunk_size, num_tokens, q.device)
 
         # Planned by the first GDN layer of a forward pass, reused by the others.

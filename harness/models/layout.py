@@ -9,6 +9,7 @@ total length) and ``position_ids`` that restart at 0 for every document. Both ca
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -141,7 +142,9 @@ class PackedDocuments:
     a device sync, once per op per layer. A model builds this once per forward pass
     (:meth:`from_cu_seqlens`) instead: the host copy of the boundaries is read once, and index
     structures that depend only on the boundaries (the GDN chunk plan, an attention block mask) are
-    built by the first layer that needs them and reused by the rest (:meth:`cached`).
+    built by the first layer that needs them and reused by the rest (:meth:`cached`). It holds its
+    own copy of the boundaries, so later writes to the batch's ``cu_seqlens`` cannot make the device
+    and host copies disagree; build a new one for every row.
     """
 
     cu_seqlens: torch.Tensor  # [N + 1] int32 on the device of the row
@@ -154,7 +157,7 @@ class PackedDocuments:
         """Check ``cu_seqlens`` against the row length ``total`` (see :func:`validate_cu_seqlens`)."""
         bounds = validate_cu_seqlens(cu_seqlens, total=total)
         device = cu_seqlens.device if device is None else torch.device(device)
-        return cls(cu_seqlens=cu_seqlens.to(device=device, dtype=torch.int32), bounds=bounds)
+        return cls(cu_seqlens=cu_seqlens.to(device=device, dtype=torch.int32, copy=True), bounds=bounds)
 
     @property
     def total(self) -> int:
@@ -164,7 +167,7 @@ class PackedDocuments:
     def num_documents(self) -> int:
         return len(self.bounds) - 1
 
-    @property
+    @functools.cached_property
     def max_length(self) -> int:
         return max(stop - start for start, stop in zip(self.bounds[:-1], self.bounds[1:]))
 
@@ -179,9 +182,14 @@ class PackedDocuments:
             self.cu_seqlens.to(device=device, dtype=torch.long), torch.tensor(self.bounds, dtype=torch.long)))
 
     def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """``build()`` on first use of ``key``, the same object afterwards (index structures only)."""
+        """``build()`` on first use of ``key``, the same object afterwards (index structures only).
+
+        Built outside inference mode: an index built under ``torch.inference_mode()`` could not be
+        saved for backward by a later call with gradients.
+        """
         if key not in self._cache:
-            self._cache[key] = build()
+            with torch.inference_mode(False):
+                self._cache[key] = build()
         return self._cache[key]
 
 

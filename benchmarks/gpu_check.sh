@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks of the models on a CUDA machine that already has torch, triton and transformers:
-# the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA) and batchlab-check in
-# fp32, TF32 and bf16. Results land in OUT (default ./gpu-check) as logs and JSON.
+# the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA, the drafter's FlexAttention
+# path vs its dense one), batchlab-check in fp32, TF32 and bf16, and the target's forward throughput
+# per layout in bf16. Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
@@ -45,4 +46,9 @@ except (OSError, ValueError, KeyError):
 print(f"batchlab-check {sys.argv[2]}: {verdict}")
 PY
 done
+# Forward throughput of one 27B-shaped period (3 x GDN + 1 x attention) in bf16, layouts side by side.
+timeout 300 "$py" benchmarks/target_throughput.py --device cuda --dtype bfloat16 \
+  --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
+  > "$out/throughput_cuda.md" 2>&1 || status=1
+tail -4 "$out/throughput_cuda.md" | tee -a "$out/summary.txt"
 exit $status

@@ -1,4 +1,4 @@
-"""Target forward throughput on CPU: padded batches as sorted and shuffled plans make them, and packed rows.
+"""Target forward throughput: padded batches as sorted and shuffled plans make them, and packed rows.
 
 Draws document lengths from a scaled-down version of the chat-902k lognormal (DESIGN.md section 7:
 median 600, sigma 1.0, cap 8192; here divided by ``--scale``) until ``--tokens`` real tokens, then
@@ -21,6 +21,12 @@ of the sum over its micro-batches. Throughput is real (non-pad) tokens per secon
 
     .venv/bin/python benchmarks/target_throughput.py            # print
     .venv/bin/python benchmarks/target_throughput.py --write    # also update benchmarks/RESULTS.md
+    python benchmarks/target_throughput.py --device cuda --dtype bfloat16 \
+        --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 262144 --max-tokens 16384
+
+On CUDA the kernels are fla's and flash-attn's / FlexAttention's, the clock is read after a device
+synchronize, and the section is "Target forward throughput (CUDA)". ``--layers`` keeps the first N
+layers of a config (its layer pattern continues), e.g. one 3 x GDN + 1 x attention period of the 27B.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +51,7 @@ from results_file import cpu_model, write_section
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 SECTION = "## Target forward throughput (CPU)"
+CUDA_SECTION = "## Target forward throughput (CUDA)"
 LAYOUTS = ("sorted, equal lengths", "sorted plan", "shuffle plan", "packed plan", "packed, one row")
 
 
@@ -97,6 +105,12 @@ def build_layouts(lengths: list[int], vocab_size: int, max_tokens: int, seed: in
     }
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so that the host clock measures it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def time_layouts(model: HybridTarget, layouts: dict[str, list[TokenBatch]], repeats: int, gdn_backend: str) -> dict:
     """Median seconds per layout (all its micro-batches) over ``repeats`` interleaved rounds after a warm-up."""
     last_layer = model.num_layers - 1
@@ -104,21 +118,41 @@ def time_layouts(model: HybridTarget, layouts: dict[str, list[TokenBatch]], repe
     for round_index in range(repeats + 1):  # round 0 is the warm-up
         shift = round_index % len(LAYOUTS)
         for name in LAYOUTS[shift:] + LAYOUTS[:shift]:
+            synchronize(model.device)
             start = time.perf_counter()
             for batch in layouts[name]:
                 model(batch, tap_layer_ids=[last_layer], gdn_backend=gdn_backend)
+            synchronize(model.device)
             if round_index:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(times[name]) for name in LAYOUTS}
 
 
+def target_config(config: str, layers: int | None) -> Any:
+    """The target config at ``config``, cut to its first ``layers`` layers when given."""
+    from harness.models.config import load_target_config
+
+    loaded = load_target_config(config)
+    if layers is None:
+        return loaded
+    if not 1 <= layers <= loaded.num_hidden_layers:
+        raise ValueError(f"--layers must be in [1, {loaded.num_hidden_layers}] for {config}, got {layers}")
+    loaded.layer_types = list(loaded.layer_types[:layers])
+    loaded.num_hidden_layers = layers
+    return load_target_config(loaded)  # checked again
+
+
 def run(config: str, tokens: int, scale: float, repeats: int, seed: int, gdn_backend: str,
-        thread_counts: list[int], max_tokens: int) -> dict:
-    """Time the three layouts side by side at each thread count; per-layout stats and packed/sorted ratios."""
+        thread_counts: list[int], max_tokens: int, device: str = "cpu", dtype: str = "float32",
+        layers: int | None = None) -> dict:
+    """Time the layouts side by side at each thread count; per-layout stats and packed/sorted ratios."""
     torch.manual_seed(seed)
-    model = HybridTarget(config)
+    device_ = torch.device(device)
+    with device_:  # build the weights where they run (a 27B-shaped layer stack is slow to init on CPU)
+        model = HybridTarget(target_config(config, layers), dtype=getattr(torch, dtype))
     lengths = chat_like_lengths(tokens, scale, seed)
-    layouts = build_layouts(lengths, model.config.vocab_size, max_tokens, seed)
+    layouts = {name: [batch.to(device_) for batch in batches]
+               for name, batches in build_layouts(lengths, model.config.vocab_size, max_tokens, seed).items()}
     real = sum(lengths)
     default_threads = torch.get_num_threads()
     by_threads = {}
@@ -146,18 +180,21 @@ def format_section(result: dict, args: argparse.Namespace, command: str) -> str:
     """The RESULTS.md section (heading included) for one run."""
     lengths = np.array(result["lengths"])
     load = os.getloadavg()
+    on_cuda = args.device.startswith("cuda")
+    gpu = f"{torch.cuda.get_device_name(torch.device(args.device))}, " if on_cuda else ""
     lines = [
-        SECTION,
+        CUDA_SECTION if on_cuda else SECTION,
         "",
         f"Command: `{command}`  ",
         f"Date: {dt.date.today().isoformat()}  ",
-        f"Machine: {cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
+        f"Machine: {gpu}{cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
         f"torch {torch.__version__}, Python {platform.python_version()}  ",
         f"Load average at start (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
         + ("; the machine was shared with other jobs during the run, so absolute numbers are noisy - "
            "the layouts ran interleaved, so compare the ratios." if args.shared else ""),
         "",
-        f"Target `{args.config}` (random weights, fp32, forward to the last layer, GDN backend "
+        f"Target `{args.config}`{f' cut to {args.layers} layers' if args.layers else ''} (random weights, "
+        f"{args.dtype}, forward to the last layer, GDN backend "
         f"`{args.gdn_backend}`). {len(lengths)} documents, {result['real_tokens']} real tokens, lengths "
         f"lognormal median {600 / args.scale:.0f}, sigma 1.0, cap {8192 / args.scale:.0f} (chat-902k / "
         f"{args.scale:g}); observed min {lengths.min()}, median {int(np.median(lengths))}, max {lengths.max()}. "
@@ -210,6 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gdn-backend", default="auto")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--layers", type=int, default=None, help="keep only the config's first N layers")
     parser.add_argument("--shared", action="store_true", help="note in RESULTS.md that the machine was shared")
     parser.add_argument("--write", action="store_true", help="update the section in benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
@@ -221,13 +261,17 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--threads must be a comma list of positive integers, got {args.threads!r}")
     if not thread_counts or min(thread_counts) < 1:
         parser.error(f"--threads must be a comma list of positive integers, got {args.threads!r}")
+    if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device} needs a GPU that torch can see")
+        thread_counts = [torch.get_num_threads()]  # host threads barely matter on the GPU: measure once
     result = run(args.config, args.tokens, args.scale, args.repeats, args.seed, args.gdn_backend, thread_counts,
-                 args.max_tokens)
+                 args.max_tokens, args.device, args.dtype, args.layers)
     command = "python benchmarks/target_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
     section = format_section(result, args, command.strip())
     print(section)
     if args.write:
-        write_section(section, SECTION, RESULTS)
+        write_section(section, CUDA_SECTION if args.device.startswith("cuda") else SECTION, RESULTS)
     return result
 
 

@@ -169,9 +169,14 @@ def test_gradients_of_chunk_match_recurrent(use_initial_state):
 
 @pytest.mark.parametrize("l2norm", [False, True])
 def test_parity_with_transformers_torch_chunk_and_recurrent(l2norm):
-    """Same layout as transformers' functions ([B, T, H, K] in, [B, T, HV, V] out)."""
+    """Same layout as transformers' functions ([B, T, H, K] in, [B, T, HV, V] out).
+
+    transformers' Qwen3.5 layer repeats q/k heads up to the value heads before calling its functions
+    (releases before 5.24 need that; later ones also accept fewer key heads), so the reference gets
+    expanded q/k and our op the grouped ones.
+    """
     inputs = random_inputs(batch=2, length=70, key_heads=2, value_heads=4, key_dim=16, value_dim=16, seed=4)
-    args = (inputs["q"], inputs["k"], inputs["v"])
+    args = (inputs["q"].repeat_interleave(2, dim=2), inputs["k"].repeat_interleave(2, dim=2), inputs["v"])
     common = dict(g=inputs["g"], beta=inputs["beta"], initial_state=inputs["initial_state"],
                   output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
     ref_chunk_out, ref_chunk_state = torch_chunk_gated_delta_rule(*args, chunk_size=64, **common)

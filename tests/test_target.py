@@ -169,7 +169,7 @@ def test_bf16_forward_stays_close_to_fp32() -> None:
 def test_bf16_target_keeps_rope_frequencies_in_fp32() -> None:
     """Regression: casting to bf16 rounded inv_freq (0.01 -> 0.01001), off by 0.04 rad at position 4000."""
     exact = HybridTarget(TINY).model.rotary_emb
-    hidden, positions = torch.zeros(1, 1, 64), torch.tensor([[4000]])
+    hidden, positions = torch.zeros(1, 1, 64), torch.tensor([[[4000]]]).expand(3, -1, -1)  # [3, B, L] mRoPE ids
     exact_cos, exact_sin = exact(hidden, positions)
     for target in (HybridTarget(TINY, dtype=torch.bfloat16), HybridTarget(TINY).to(torch.bfloat16)):
         rotary = target.model.rotary_emb

@@ -321,7 +321,9 @@ class HybridTarget(nn.Module):
         deepest = max(layer_ids)
         position_embeddings = None
         if "full_attention" in self.config.layer_types[: deepest + 1]:
-            position_embeddings = self.model.rotary_emb(hidden, batch.position_ids)
+            # Text positions on all three mRoPE axes, [3, B, L]: the form every transformers release
+            # with Qwen3.5 takes (5.17 indexes a 3-D tensor; later releases also broadcast a 2-D one).
+            position_embeddings = self.model.rotary_emb(hidden, batch.position_ids[None].expand(3, -1, -1))
         wanted = set(layer_ids)
         outputs: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers[: deepest + 1]):

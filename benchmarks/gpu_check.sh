@@ -31,12 +31,18 @@ try:
 except Exception as err:  # noqa: BLE001 - report whatever stops the import
     print("fla missing:", err)
 PY
+# Each step has its own time limit (seconds: STEP_LIMIT, default 240 for the tests, 120 per check,
+# 180 for the throughput), so that a hang in one still leaves the others' results in OUT.
+limit="${STEP_LIMIT:-}"
 status=0
-"$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py tests/test_drafter_packing.py \
+step() { echo "[$(date +%T)] $*" | tee -a "$out/summary.txt"; }
+step "GPU tests"
+timeout "${limit:-240}" "$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py tests/test_drafter_packing.py \
   tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" || status=1
 for variant in "--dtype float32" "--dtype float32 --tf32" "--dtype bfloat16"; do
   name=$(echo "$variant" | tr -d ' -' )
-  "$py" -m harness.cli.check --device cuda $variant --json > "$out/check_$name.json" 2> "$out/check_$name.err" || status=1
+  step "batchlab-check $variant"
+  timeout "${limit:-120}" "$py" -m harness.cli.check --device cuda $variant --json > "$out/check_$name.json" 2> "$out/check_$name.err" || status=1
   "$py" - "$out/check_$name.json" "$variant" <<'PY' | tee -a "$out/summary.txt"
 import json, sys
 try:
@@ -47,8 +53,10 @@ print(f"batchlab-check {sys.argv[2]}: {verdict}")
 PY
 done
 # Forward throughput of one 27B-shaped period (3 x GDN + 1 x attention) in bf16, layouts side by side.
-timeout 300 "$py" benchmarks/target_throughput.py --device cuda --dtype bfloat16 \
+step "target throughput"
+timeout "${limit:-180}" "$py" benchmarks/target_throughput.py --device cuda --dtype bfloat16 \
   --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
   > "$out/throughput_cuda.md" 2>&1 || status=1
 tail -4 "$out/throughput_cuda.md" | tee -a "$out/summary.txt"
+step "done, status $status"
 exit $status

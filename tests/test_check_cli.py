@@ -115,3 +115,45 @@ def test_check_passes_on_the_gpu(capsys, dtype):
     status = main(["--json", "--device", "cuda", "--dtype", dtype])
     report = json.loads(capsys.readouterr().out)
     assert status == 0 and report["ok"] is True, [c for c in report["checks"] if not c["ok"]]
+
+
+def _write_checkpoint(directory, seed=0, drop=None):
+    """A local checkpoint of the tiny target (config.json + model.safetensors), as transformers writes one."""
+    from safetensors.torch import save_file
+
+    from harness.models.target import HybridTarget
+
+    torch.manual_seed(seed)
+    target = HybridTarget(check.REPO_ROOT / "conf" / "target" / "tiny.yaml")
+    state = {name: tensor.contiguous() for name, tensor in target.state_dict().items() if name != drop}
+    save_file(state, str(directory / "model.safetensors"))
+    target.config.save_pretrained(directory)
+    return target
+
+
+def test_a_checkpoint_directory_is_checked_with_its_own_weights(capsys, tmp_path, monkeypatch):
+    from harness.models.target import HybridTarget
+
+    saved = _write_checkpoint(tmp_path, seed=11)
+    loaded = []
+    original = HybridTarget.from_pretrained.__func__
+
+    def recording(cls, *args, **kwargs):
+        loaded.append(original(cls, *args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(HybridTarget, "from_pretrained", classmethod(recording))
+    status, report = run_json(capsys, "--target", str(tmp_path))
+    assert status == 0 and report["ok"] is True
+    assert report["target_weights"] == f"checkpoint {tmp_path}"
+    assert len(loaded) == 1 and torch.equal(loaded[0].lm_head.weight, saved.lm_head.weight)
+
+    status, report = run_json(capsys, "--target", str(tmp_path), "--random-weights")
+    assert status == 0 and report["target_weights"] == "random (seed 3)" and len(loaded) == 1
+
+
+def test_a_checkpoint_with_missing_weights_is_bad_input(capsys, tmp_path):
+    _write_checkpoint(tmp_path, drop="lm_head.weight")
+    status = main(["--json", "--device", "cpu", *SMALL, "--target", str(tmp_path)])
+    assert status == 2
+    assert "missing ['lm_head.weight']" in capsys.readouterr().err

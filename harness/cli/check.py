@@ -1,13 +1,15 @@
 """``batchlab-check``: check that packing is exact on this machine before a long job.
 
-Builds the configured target and drafter, runs the same random documents (varied lengths, including
-length 1 and lengths that are not multiples of the GDN chunk size 64) three ways — each document
-alone, as one padded batch and as one packed row — and prints the largest relative difference from
-the separate runs for every tapped target layer, for the drafter loss and for the drafter gradients
-(identical anchors in all three runs). On CUDA with flash-linear-attention installed it also compares
-fla's gated delta rule with the pure-PyTorch ``torch-chunk`` reference (the op, and the packed
-target features), and on CUDA the drafter's FlexAttention path (its CUDA default) with its dense path. ``--json`` prints the same as JSON with a top-level ``ok``; the exit status is 1
-when any difference exceeds its tolerance, 2 on bad input.
+Builds the configured target (random weights from a config, or a checkpoint directory's own
+weights) and drafter, runs the same random documents (varied lengths, including length 1 and
+lengths that are not multiples of the GDN chunk size 64) three ways — each document alone, as one
+padded batch and as one packed row — and prints the largest relative difference from the separate
+runs for every tapped target layer, for the drafter loss and for the drafter gradients (identical
+anchors in all three runs). On CUDA it also compares the drafter's FlexAttention path (its CUDA
+default) with its dense path, and, with flash-linear-attention installed, fla's gated delta rule
+with the pure-PyTorch ``torch-chunk`` reference (the op, and the packed target features). ``--json``
+prints the same as JSON with a top-level ``ok``; the exit status is 1 when any difference exceeds
+its tolerance, 2 on bad input.
 
 Relative difference = ``max |x - reference| / max |reference|`` over a tensor (for gradients, the
 largest over the drafter's parameters); a difference that is not finite (NaN or inf) is never ok and
@@ -88,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         + ". Exit status: 0 ok, 1 a difference over its tolerance, 2 bad input.",
     )
     parser.add_argument(
-        "--target", default="conf/target/tiny.yaml", help="target config: YAML, config.json or checkpoint directory"
+        "--target", default="conf/target/tiny.yaml",
+        help="target: a config (YAML or config.json; random weights) or a checkpoint directory (its weights)",
     )
+    parser.add_argument("--random-weights", action="store_true",
+                        help="with a checkpoint directory: use its config only, with random weights")
     parser.add_argument("--drafter", default="conf/drafter/tiny.yaml", help="drafter config YAML")
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="parameter and activation dtype")
@@ -117,6 +122,12 @@ def _config_path(value: str) -> str:
         return value
     bundled = REPO_ROOT / path
     return str(bundled) if bundled.exists() else value
+
+
+def _has_weights(path: str) -> bool:
+    """True for a checkpoint directory: safetensors files beside its config.json."""
+    directory = Path(path)
+    return directory.is_dir() and any(directory.glob("*.safetensors"))
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -277,8 +288,15 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     tolerances = TOLERANCES[precision]
     torch.manual_seed(args.seed)
     drafter_config = load_drafter_config(_config_path(args.drafter))
-    target = HybridTarget(_config_path(args.target), num_draft_layers=drafter_config.num_hidden_layers,
-                          tap_layer_ids=drafter_config.target_layer_ids, dtype=dtype).to(device)
+    target_path = _config_path(args.target)
+    target_options = dict(num_draft_layers=drafter_config.num_hidden_layers,
+                          tap_layer_ids=drafter_config.target_layer_ids)
+    if _has_weights(target_path) and not args.random_weights:
+        target = HybridTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
+        target_weights = f"checkpoint {target_path}"
+    else:
+        target = HybridTarget(target_path, dtype=dtype, **target_options).to(device)
+        target_weights = f"random (seed {args.seed})"
     drafter = DFlashDrafter.from_target(target, drafter_config)
     target.leak_across_documents = bool(args.negative_control)
 
@@ -332,6 +350,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "gdn_backend": args.gdn_backend,
         "drafter_attention": drafter.attention_backend(device),
+        "target_weights": target_weights,
         "document_lengths": lengths,
         "blocks": int(reference["loss"].block_count),
         "tolerances": tolerances,
@@ -343,7 +362,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     """The report as a plain-text table."""
     header = (f"batchlab-check  device={report['device']} precision={report['precision']} seed={report['seed']} "
-              f"gdn={report['gdn_backend']} drafter-attention={report['drafter_attention']}  documents={report['document_lengths']}  blocks={report['blocks']}")
+              f"gdn={report['gdn_backend']} drafter-attention={report['drafter_attention']}  "
+              f"target weights: {report['target_weights']}\ndocuments={report['document_lengths']}  blocks={report['blocks']}")
     name_width = max(len(c["name"]) for c in report["checks"])
     comparison_width = max(len(c["comparison"]) for c in report["checks"])
     columns = f"{'check':<{name_width}}  {'comparison':<{comparison_width}}  {'max rel diff':>12}  {'tolerance':>9}  ok"

@@ -77,6 +77,9 @@ def test_27b_config_has_qwen36_27b_shape() -> None:
     assert (config.linear_num_key_heads, config.linear_num_value_heads) == (16, 48)
     assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (24, 4, 256)
     assert int(config.head_dim * config.rope_parameters["partial_rotary_factor"]) == 64
+    with torch.device("meta"):  # shapes only, no memory: the text model is the 27B's size
+        parameters = sum(p.numel() for p in HybridTarget(config).parameters())
+    assert 26.0e9 <= parameters <= 27.5e9, f"{parameters / 1e9:.2f}B parameters"
 
 
 def test_unknown_yaml_key_is_named() -> None:

@@ -228,3 +228,15 @@ def test_gpu_flex_path_matches_dense_loss_and_gradients(models, documents):
     assert max_relative_difference(results["flex"][0], results["dense"][0]) <= 1e-4
     for grad, reference in zip(results["flex"][1], results["dense"][1]):
         assert max_relative_difference(grad, reference) <= 1e-4
+
+
+def test_a_micro_batch_without_blocks_gives_every_parameter_a_zero_gradient(models):
+    """Documents of length 1 hold no anchor: the loss is 0 and every trainable parameter gets a zero
+    gradient (not None), as data-parallel reduction needs the same parameters on every rank."""
+    target, drafter = models
+    batch = TokenBatch.from_documents([torch.tensor([5]), torch.tensor([7])], "packed")
+    result = drafter.compute_loss(batch, target(batch), generator=torch.Generator())
+    assert result.block_count.item() == 0 and result.weighted_ce_sum.item() == 0.0
+    trainable = [p for p in drafter.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(result.weighted_ce_sum, trainable, allow_unused=True)
+    assert all(g is not None and not bool(g.any()) for g in grads)

@@ -34,6 +34,7 @@ so MASK is never predicted.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -547,8 +548,21 @@ class DFlashDrafter(nn.Module):
         return DrafterOutput(logits, targets.labels, targets.valid, layout, [a.clone() for a in anchors])
 
     def loss(self, output: DrafterOutput) -> DrafterLoss:
-        """Decayed CE, accuracy and τ sums of ``output`` (see :mod:`harness.models.drafter_loss`)."""
-        return drafter_loss(output.logits, output.labels, output.label_valid, output.layout.keep, self.loss_decay_gamma)
+        """Decayed CE, accuracy and τ sums of ``output`` (see :mod:`harness.models.drafter_loss`).
+
+        Every trainable parameter is in the graph of ``weighted_ce_sum``, even for a micro-batch with
+        no block at all (documents too short, or no loss-masked token): its gradient is then zero rather
+        than absent, so data-parallel gradient reduction sees the same parameters on every rank.
+        """
+        result = drafter_loss(output.logits, output.labels, output.label_valid, output.layout.keep,
+                              self.loss_decay_gamma)
+        if output.layout.num_blocks == 0 and torch.is_grad_enabled():
+            trainable = [p for p in self.parameters() if p.requires_grad]
+            if trainable:
+                zero = torch.stack([p.reshape(-1)[:1].sum() for p in trainable]).sum() * 0.0
+                result = dataclasses.replace(result, weighted_ce_sum=result.weighted_ce_sum + zero.to(
+                    result.weighted_ce_sum.dtype))
+        return result
 
     def compute_loss(
         self,

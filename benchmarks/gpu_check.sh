@@ -18,7 +18,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
 if [ -z "${WHEELS:-}" ] && [ -d .whl ]; then WHEELS=.whl; fi
 if [ -n "${WHEELS:-}" ]; then
-  "$py" -m pip install -q --no-index --no-deps --target /tmp/batchlab-site "$WHEELS"/*.whl \
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/batchlab-site \
+    "$WHEELS"/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/batchlab-site"
 fi
 "$py" - <<'PY' | tee "$out/env.txt"

@@ -278,7 +278,6 @@ class DFlashAttention(nn.Module):
             attended = q.new_zeros(q.shape)
         return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
 
-
     def _flex(self, q: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor, k_context: torch.Tensor,
               v_context: torch.Tensor, block_mask: Any) -> torch.Tensor:
         """The same attention as one FlexAttention call: queries are all block slots, keys/values are
@@ -290,7 +289,8 @@ class DFlashAttention(nn.Module):
         queries = q.reshape(num_blocks * block_size, self.num_heads, self.head_dim).transpose(0, 1)[None]
         keys = torch.cat([k_context, k_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
         values = torch.cat([v_context, v_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
-        out = flex_attention_kernel(q.device)(queries, keys, values, block_mask=block_mask, scale=self.scaling,
+        attend = flex_attention_kernel(q.device)
+        out = attend(queries, keys, values, block_mask=block_mask, scale=self.scaling,
                      enable_gqa=self.num_heads != self.num_kv_heads)
         return out[0].transpose(0, 1)  # [NB * B, H, d]; rows that see nothing (padding blocks) are 0
 

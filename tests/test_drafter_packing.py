@@ -240,3 +240,37 @@ def test_a_micro_batch_without_blocks_gives_every_parameter_a_zero_gradient(mode
     trainable = [p for p in drafter.parameters() if p.requires_grad]
     grads = torch.autograd.grad(result.weighted_ce_sum, trainable, allow_unused=True)
     assert all(g is not None and not bool(g.any()) for g in grads)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_compiled_flex_paths_trace_with_dynamic_shapes(models, monkeypatch):
+    """The CUDA path compiles FlexAttention (dynamic shapes). On CPU, compile it with the aot_eager
+    backend, which runs the same dynamo/AOT tracing without CUDA code generation: target and drafter
+    stay equal to their uncompiled paths over batches of changing shapes, without recompiling for
+    every new shape."""
+    import torch._dynamo
+
+    import harness.models.attention as attention_module
+
+    target, drafter = models
+    torch._dynamo.reset()
+    compiled = attention_module._compiled_flex_attention("aot_eager")  # the CUDA path's settings
+    monkeypatch.setattr(attention_module, "flex_attention_kernel", lambda device: compiled)
+    flex_target = copy.deepcopy(target)
+    flex_target.attention_backend = "flex"
+    dense, flex = drafter_with_backend(drafter, "dense"), drafter_with_backend(drafter, "flex")
+    generator = torch.Generator().manual_seed(9)
+    for draw in range(5):
+        lengths = torch.randint(1, 200, (draw + 1,), generator=generator).tolist()
+        batch = TokenBatch.from_documents([torch.randint(0, 256, (n,), generator=generator) for n in lengths],
+                                          "packed")
+        with torch.no_grad():
+            reference, features = target(batch), flex_target(batch)
+            for a, b in zip(features.hidden_states, reference.hidden_states):
+                assert max_relative_difference(a, b) <= TOLERANCE, lengths
+            seed = torch.Generator().manual_seed(draw)
+            expected = dense(batch, reference, generator=seed, blocks_per_document=20).logits
+            got = flex(batch, reference, generator=torch.Generator().manual_seed(draw), blocks_per_document=20).logits
+        assert max_relative_difference(got, expected) <= TOLERANCE, lengths
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 0 < graphs <= 6, f"{graphs} graphs for 5 batches: recompiling for every shape"

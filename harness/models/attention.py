@@ -176,10 +176,15 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: 
 
 
 @functools.cache
-def _compiled_flex_attention():
+def _compiled_flex_attention(backend: str = "inductor"):
+    """FlexAttention compiled once per process, for changing shapes (every batch has new lengths).
+
+    ``backend`` is torch.compile's: inductor generates the fused kernel (CUDA); the tests use
+    aot_eager on CPU to run the same tracing without code generation.
+    """
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=True)
+    return torch.compile(flex_attention, dynamic=True, backend=backend)
 
 
 def flex_attention_kernel(device: torch.device):

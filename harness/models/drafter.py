@@ -46,6 +46,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from harness.models import attention as attention_ops
 from harness.models.anchors import (
     BlockLayout,
     FlatDocuments,
@@ -55,7 +56,6 @@ from harness.models.anchors import (
     context_visible,
     sample_anchors,
 )
-from harness.models.attention import flex_attention_kernel
 from harness.models.drafter_loss import DrafterLoss, drafter_loss, resolve_loss_decay_gamma
 from harness.models.layout import TokenBatch
 
@@ -289,7 +289,7 @@ class DFlashAttention(nn.Module):
         queries = q.reshape(num_blocks * block_size, self.num_heads, self.head_dim).transpose(0, 1)[None]
         keys = torch.cat([k_context, k_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
         values = torch.cat([v_context, v_block.reshape(-1, self.num_kv_heads, self.head_dim)]).transpose(0, 1)[None]
-        attend = flex_attention_kernel(q.device)
+        attend = attention_ops.flex_attention_kernel(q.device)
         out = attend(queries, keys, values, block_mask=block_mask, scale=self.scaling,
                      enable_gqa=self.num_heads != self.num_kv_heads)
         return out[0].transpose(0, 1)  # [NB * B, H, d]; rows that see nothing (padding blocks) are 0

@@ -363,7 +363,8 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as a plain-text table."""
     header = (f"batchlab-check  device={report['device']} precision={report['precision']} seed={report['seed']} "
               f"gdn={report['gdn_backend']} drafter-attention={report['drafter_attention']}  "
-              f"target weights: {report['target_weights']}\ndocuments={report['document_lengths']}  blocks={report['blocks']}")
+              f"target weights: {report['target_weights']}\n"
+              f"documents={report['document_lengths']}  blocks={report['blocks']}")
     name_width = max(len(c["name"]) for c in report["checks"])
     comparison_width = max(len(c["comparison"]) for c in report["checks"])
     columns = f"{'check':<{name_width}}  {'comparison':<{comparison_width}}  {'max rel diff':>12}  {'tolerance':>9}  ok"

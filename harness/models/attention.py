@@ -65,8 +65,8 @@ def document_causal_attention(
 
     Give ``attention_mask`` (``[B, L]``, 1 = real token) for padded rows, or ``cu_seqlens`` (int32
     document starts plus total length, or :class:`PackedDocuments`; ``B`` must be 1) for a packed row,
-    or neither for plain causal attention. ``scale`` defaults to ``D ** -0.5``. ``backend`` chooses the packed-row kernel (see the
-    module docstring).
+    or neither for plain causal attention. ``scale`` defaults to ``D ** -0.5``. ``backend`` chooses
+    the packed-row kernel (see the module docstring).
     """
     _check_qkv(query, key, value)
     if attention_mask is not None and cu_seqlens is not None:

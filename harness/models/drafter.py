@@ -307,7 +307,8 @@ def block_attention_mask(documents: FlatDocuments, layout: BlockLayout, device: 
     num_tokens, num_blocks, block_size = documents.num_tokens, layout.num_blocks, layout.block_size
     block_slots = num_blocks * block_size
     block_of_slot = torch.arange(num_blocks, device=device).repeat_interleave(block_size)
-    # Per key: document and position of a context token (-1 / 0 for block slots), block of a block slot (-1 for context).
+    # Per key: document and position of a context token (-1 / 0 for block slots), and block of a
+    # block slot (-1 for context tokens).
     key_document = torch.cat([documents.doc_of_token.to(device), torch.full((block_slots,), -1, device=device)])
     key_position = torch.cat([documents.position_in_document.to(device),
                               torch.zeros(block_slots, dtype=torch.long, device=device)])
@@ -442,15 +443,16 @@ class DFlashDrafter(nn.Module):
         ``auto`` keeps the dense path for head dims under 16, which FlexAttention's CUDA kernel does
         not take.
         """
-        if self.config.attention_backend == "auto":
+        backend = self.config.attention_backend
+        if backend == "auto":
             return "flex" if device.type == "cuda" and self.config.head_dim >= 16 else "dense"
-        training = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if self.config.attention_backend == "flex" and device.type != "cuda" and training:
+        if (backend == "flex" and device.type != "cuda" and torch.is_grad_enabled()
+                and any(p.requires_grad for p in self.parameters())):
             raise ValueError(
                 f"attention_backend='flex' cannot train on {device.type}: FlexAttention has no backward "
                 "off CUDA; use attention_backend 'dense' (or 'auto'), or run under torch.no_grad()"
             )
-        return self.config.attention_backend
+        return backend
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -1,0 +1,116 @@
+"""Configuration of the data layer: which tokenized samples to train on, and how to split them.
+
+``DataConfig`` is a plain dataclass (usable as a Hydra structured-config schema). Values are checked
+in ``__post_init__``; every error names the field, the bad value and what to give instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+STDLIB_SOURCE = "stdlib"
+NO_ANCHOR_CHOICES = ("drop", "error")
+# 256 byte-level symbols + the two special tokens: the smallest vocabulary a byte-level BPE can have.
+MIN_VOCAB_SIZE = 258
+CACHE_ENV = "BATCHLAB_CACHE"
+
+
+class DataConfigError(ValueError):
+    """A ``DataConfig`` field holds a value the data layer cannot use."""
+
+
+@dataclass
+class DataConfig:
+    """What to load and how to split it.
+
+    Attributes:
+        source: ``"stdlib"`` (the embedded corpus: this interpreter's standard library, split into
+            top-level functions and classes), a directory written by ``save_to_disk``, a ``.parquet``
+            file or a ``.jsonl`` file with an ``input_ids`` column (and optionally ``loss_mask``).
+        split: split of a saved ``DatasetDict`` (not needed when it has a single split).
+        max_documents: seeded subset of the embedded corpus (``None``: all of it); applied before
+            the held-out split. Ignored for other sources.
+        subset_seed: seed of that subset; fixed, independent of the run seed.
+        vocab_size: size of the BPE vocabulary trained for the embedded corpus (ignored for other
+            sources, whose ids must already fit the target's vocabulary).
+        heldout_fraction: fraction of samples held out for evaluation, in [0, 1).
+        max_heldout: cap on the number of held-out samples (``None``: no cap).
+        heldout_seed: the held-out split's own seed: the same for every strategy and run seed.
+        no_anchor: what to do with a sample that has no position able to anchor a drafter block:
+            ``"drop"`` (dropped and counted) or ``"error"``.
+        cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
+            ``~/.cache/batchlab``.
+    """
+
+    source: str = STDLIB_SOURCE
+    split: str | None = None
+    max_documents: int | None = 800
+    subset_seed: int = 0
+    vocab_size: int = 1024
+    heldout_fraction: float = 0.05
+    max_heldout: int | None = 256
+    heldout_seed: int = 1234
+    no_anchor: str = "drop"
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise DataConfigError(
+                f"data.source={self.source!r}: give 'stdlib' (the embedded corpus), a save_to_disk "
+                "directory, a .parquet file or a .jsonl file"
+            )
+        if self.split is not None and (not isinstance(self.split, str) or not self.split):
+            raise DataConfigError(f"data.split={self.split!r}: give a split name such as 'train', or null")
+        _check_int("max_documents", self.max_documents, allow_none=True, minimum=1)
+        _check_int("subset_seed", self.subset_seed, minimum=0)
+        _check_int("vocab_size", self.vocab_size, minimum=MIN_VOCAB_SIZE,
+                   why=f"a byte-level BPE needs at least {MIN_VOCAB_SIZE} tokens (256 bytes + 2 special)")
+        if isinstance(self.heldout_fraction, bool) or not isinstance(self.heldout_fraction, (int, float)):
+            raise DataConfigError(
+                f"data.heldout_fraction={self.heldout_fraction!r}: give a number in [0, 1), e.g. 0.05"
+            )
+        if not 0.0 <= float(self.heldout_fraction) < 1.0:
+            raise DataConfigError(
+                f"data.heldout_fraction={self.heldout_fraction!r} is outside [0, 1); give e.g. 0.05 "
+                "(0 holds nothing out)"
+            )
+        _check_int("max_heldout", self.max_heldout, allow_none=True, minimum=1,
+                   why="use heldout_fraction=0 to hold nothing out, or null for no cap")
+        _check_int("heldout_seed", self.heldout_seed, minimum=0)
+        if self.no_anchor not in NO_ANCHOR_CHOICES:
+            raise DataConfigError(
+                f"data.no_anchor={self.no_anchor!r}: choose one of {list(NO_ANCHOR_CHOICES)} "
+                "('drop' drops and counts samples with no anchor position, 'error' stops)"
+            )
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):
+            raise DataConfigError(
+                f"data.cache_dir={self.cache_dir!r}: give a directory path, or null for "
+                f"${CACHE_ENV} / ~/.cache/batchlab"
+            )
+
+    @property
+    def is_stdlib(self) -> bool:
+        return self.source == STDLIB_SOURCE
+
+    def resolved_cache_dir(self) -> Path:
+        """The cache directory: ``cache_dir``, else ``$BATCHLAB_CACHE``, else ``~/.cache/batchlab``."""
+        if self.cache_dir is not None:
+            return Path(self.cache_dir).expanduser()
+        env = os.environ.get(CACHE_ENV)
+        if env:
+            return Path(env).expanduser()
+        return Path.home() / ".cache" / "batchlab"
+
+
+def _check_int(name: str, value, *, minimum: int, allow_none: bool = False, why: str = "") -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = " or null" if allow_none else ""
+        raise DataConfigError(f"data.{name}={value!r}: give an integer >= {minimum}{hint}")
+    if value < minimum:
+        hint = " or null" if allow_none else ""
+        extra = f" ({why})" if why else ""
+        raise DataConfigError(f"data.{name}={value!r} is too small: give an integer >= {minimum}{hint}{extra}")

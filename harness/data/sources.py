@@ -1,0 +1,243 @@
+"""Tokenized samples from outside the embedded corpus.
+
+Accepted sources (``DataConfig.source``):
+
+- a directory written by ``datasets`` ``save_to_disk``: a ``Dataset``, or a ``DatasetDict`` with
+  ``split`` (optional when it has one split);
+- a ``.parquet`` file;
+- a ``.jsonl`` / ``.ndjson`` / ``.json`` file with one JSON object per line.
+
+Columns: ``input_ids`` (required, a list of integers per row) and ``loss_mask`` (optional, a list
+of 0/1 or booleans per row, same length as ``input_ids``). A missing ``loss_mask`` means every
+token is supervised except the first (it has nothing to predict it from). Other columns are
+ignored.
+
+Everything stays memory-mapped Arrow: a saved dataset is used in place; parquet and JSON lines are
+converted once into an Arrow file in the batchlab cache (keyed by the file's path, size and mtime);
+a missing ``loss_mask`` is written once as an Arrow column in the cache and joined on. No sample is
+ever materialised as a Python list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from harness.data import cache
+from harness.data.config import DataConfig
+from harness.data.errors import DataValidationError
+
+FORMAT_VERSION = 1
+SOURCE_PREFIX = "source"
+DATA_FILE = "data.arrow"
+MASK_FILE = "loss_mask.arrow"
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+SUPPORTED = (
+    "'stdlib' (the embedded corpus), a directory written by datasets' save_to_disk, a .parquet file, "
+    "or a .jsonl file (one JSON object per line) with an input_ids column"
+)
+# Rows per record batch written into the cache (datasets writes 1000).
+WRITE_BATCH_ROWS = 1000
+
+
+class DataSourceError(DataValidationError):
+    """A source that cannot be read as tokenized samples."""
+
+
+@dataclass
+class LoadedSource:
+    dataset: object  # datasets.Dataset with input_ids and loss_mask
+    description: str
+    fingerprint: str
+
+
+def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
+    """Open ``cfg.source`` (not the embedded corpus) as a memory-mapped ``datasets.Dataset``."""
+    path = Path(cfg.source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"data.source={cfg.source!r} does not exist; give {SUPPORTED}")
+    path = path.resolve()
+    if path.is_dir():
+        return _load_saved(path, cfg, progress)
+    if cfg.split is not None:
+        raise DataSourceError(
+            f"{path}: data.split={cfg.split!r} applies only to a dataset directory written by "
+            "save_to_disk; set data.split to null"
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        kind = "parquet"
+    elif suffix in JSONL_SUFFIXES:
+        kind = "jsonl"
+    else:
+        raise DataSourceError(f"{path}: unknown data format {suffix or '(no extension)'!r}; give {SUPPORTED}")
+    fingerprint = cache.digest(
+        {"format": FORMAT_VERSION, "kind": kind, "file": cache.file_signature(path)}
+    )
+
+    def build(tmp: Path) -> dict:
+        rows, has_mask = _convert(path, kind, tmp / DATA_FILE, progress)
+        return {"source": str(path), "kind": kind, "rows": rows, "loss_mask_given": has_mask}
+
+    entry, meta, _ = cache.ensure_entry(cfg.resolved_cache_dir(), SOURCE_PREFIX, fingerprint, build)
+    import datasets
+
+    dataset = datasets.Dataset.from_file(str(entry / DATA_FILE))
+    note = "" if meta.get("loss_mask_given") else ", loss_mask filled (all but the first token)"
+    return LoadedSource(dataset, f"{kind} {path} ({len(dataset)} rows{note})", fingerprint)
+
+
+# -- save_to_disk directories --------------------------------------------------------------------
+def _load_saved(path: Path, cfg: DataConfig, progress: bool) -> LoadedSource:
+    if not ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
+        raise DataSourceError(
+            f"{path}: directory is not a dataset written by save_to_disk (no state.json or "
+            f"dataset_dict.json); give {SUPPORTED}"
+        )
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    split = cfg.split
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if split is None and len(splits) == 1:
+            split = splits[0]
+        if split not in loaded:
+            wanted = "no split given" if split is None else f"split {split!r} not found"
+            raise DataSourceError(
+                f"{path}: {wanted}; this DatasetDict has splits {splits} — set data.split to one of them"
+            )
+        loaded = loaded[split]
+    elif split is not None:
+        raise DataSourceError(
+            f"{path}: data.split={split!r} given but this is a single Dataset, not a DatasetDict; "
+            "set data.split to null"
+        )
+    columns = loaded.column_names
+    _check_columns(path, loaded.features.arrow_schema, "row")
+    fingerprint = cache.digest(
+        {"format": FORMAT_VERSION, "kind": "save_to_disk", "root": str(path), "split": split,
+         "files": cache.tree_signature(path)}
+    )
+    dataset = loaded.select_columns([c for c in ("input_ids", "loss_mask") if c in columns])
+    note = ""
+    if "loss_mask" not in columns:
+        ids = dataset.with_format("arrow")["input_ids"]
+
+        def build(tmp: Path) -> dict:
+            schema = pa.schema([("loss_mask", _list_type_like(ids.type, pa.int8()))])
+            with pa.OSFile(str(tmp / MASK_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+                for start in range(0, len(ids), WRITE_BATCH_ROWS):
+                    part = ids.slice(start, WRITE_BATCH_ROWS)
+                    writer.write_batch(pa.record_batch([_default_mask(part)], schema=schema))
+            return {"source": str(path), "split": split, "rows": len(ids)}
+
+        entry, _, _ = cache.ensure_entry(cfg.resolved_cache_dir(), SOURCE_PREFIX + "-mask", fingerprint, build)
+        mask = datasets.Dataset.from_file(str(entry / MASK_FILE))
+        dataset = datasets.concatenate_datasets([dataset, mask], axis=1)
+        note = ", loss_mask filled (all but the first token)"
+    where = f"{path} split {split!r}" if split is not None else str(path)
+    return LoadedSource(dataset, f"dataset {where} ({len(dataset)} rows{note})", fingerprint)
+
+
+# -- parquet / JSON lines ------------------------------------------------------------------------
+def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, bool]:
+    """Stream ``path`` into an Arrow file holding input_ids and loss_mask. Returns (rows, has_mask)."""
+    from tqdm import tqdm
+
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(path)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DataSourceError(f"{path}: not a readable parquet file ({err})") from None
+        schema = parquet.schema_arrow
+        _check_columns(path, schema, "row")
+        names = [c for c in ("input_ids", "loss_mask") if c in schema.names]
+        batches = parquet.iter_batches(columns=names, batch_size=WRITE_BATCH_ROWS)
+        total = parquet.metadata.num_rows
+    else:
+        import pyarrow.json as pj
+
+        try:
+            reader = pj.open_json(path)
+        except pa.ArrowInvalid as err:
+            raise DataSourceError(f"{path}: not readable as JSON lines ({err}); expected one JSON object per line") from None
+        schema = reader.schema
+        _check_columns(path, schema, "line")
+        batches = reader
+        total = None
+    has_mask = "loss_mask" in schema.names
+    ids_type = schema.field("input_ids").type
+    out_schema = pa.schema(
+        [("input_ids", ids_type),
+         ("loss_mask", schema.field("loss_mask").type if has_mask else _list_type_like(ids_type, pa.int8()))]
+    )
+    rows = 0
+    with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_stream(sink, out_schema) as writer, tqdm(
+        total=total, desc=f"converting {path.name}", unit=" rows", disable=not progress, leave=False
+    ) as bar:
+        try:
+            for batch in batches:
+                for start in range(0, batch.num_rows, WRITE_BATCH_ROWS):
+                    part = batch.slice(start, WRITE_BATCH_ROWS)
+                    ids = part.column(part.schema.get_field_index("input_ids"))
+                    mask = (part.column(part.schema.get_field_index("loss_mask")) if has_mask
+                            else _default_mask(ids))
+                    writer.write_batch(pa.record_batch([ids, mask], schema=out_schema))
+                    rows += part.num_rows
+                    bar.update(part.num_rows)
+        except pa.ArrowInvalid as err:
+            raise DataSourceError(
+                f"{path}: could not read the file ({err}); check that every line (row) has input_ids as "
+                "a list of integers"
+            ) from None
+    return rows, has_mask
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _check_columns(path: Path, schema: pa.Schema, row_word: str) -> None:
+    names = list(schema.names)
+    if "input_ids" not in names:
+        raise DataSourceError(
+            f"{path}: no 'input_ids' column; columns found: {names} — tokenize the data with the target's "
+            "tokenizer and store the token ids of each sample in an input_ids column"
+        )
+    for name in ("input_ids", "loss_mask"):
+        if name in names and not _is_int_list(schema.field(name).type, allow_bool=name == "loss_mask"):
+            raise DataSourceError(
+                f"{path}: column {name!r} has type {schema.field(name).type}; expected a list of "
+                f"{'integers' if name == 'input_ids' else '0/1 integers or booleans'} per {row_word}"
+            )
+
+
+def _is_int_list(kind: pa.DataType, allow_bool: bool) -> bool:
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+        return False
+    value = kind.value_type
+    return pa.types.is_integer(value) or (allow_bool and pa.types.is_boolean(value))
+
+
+def _list_type_like(kind: pa.DataType, value: pa.DataType) -> pa.DataType:
+    return pa.large_list(value) if pa.types.is_large_list(kind) else pa.list_(value)
+
+
+def _default_mask(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A loss mask of ones with the first token of every row zeroed, same list layout as ``ids``."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
+    lengths = pc.list_value_length(ids).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.ones(int(offsets[-1]), dtype=np.int8)
+    values[offsets[:-1][lengths > 0]] = 0
+    large = pa.types.is_large_list(ids.type)
+    array_type = pa.LargeListArray if large else pa.ListArray
+    offsets_array = pa.array(offsets if large else offsets.astype(np.int32))
+    return array_type.from_arrays(offsets_array, pa.array(values, type=pa.int8()), mask=ids.is_null())
+

@@ -278,34 +278,39 @@ def test_padding_blocks_see_nothing_and_change_no_sum():
     torch.testing.assert_close(padding_logits, attention_free.expand_as(padding_logits), rtol=1e-12, atol=1e-12)
 
 
-def test_anchors_follow_the_loss_mask_and_stay_inside_their_document():
+def test_anchors_follow_the_loss_mask_and_keep_a_whole_block_inside_their_document():
+    # The anchor rule of SpecForge: loss_mask[p], loss_mask[p + 1] and p <= length - block_size.
+    block = 4
     generator = torch.Generator().manual_seed(0)
-    lengths = [1, 2, 7, 40, 3]
+    lengths = [1, 2, 7, 40, 3, 4]
     documents = [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
     loss_masks = [(torch.rand(n, generator=generator) < 0.7).long() for n in lengths]
     loss_masks[3][:] = 1
+    loss_masks[5][:] = 1  # exactly one block: anchor 0 only
     flats = [
         FlatDocuments.from_batch(TokenBatch.from_documents(documents, layout, loss_masks))
         for layout in ("padded", "packed")
     ]
-    expected_valid = [bool(m[p] and p + 1 < n and m[p + 1]) for m, n in zip(loss_masks, lengths) for p in range(n)]
-    assert valid_anchor_mask(flats[1]).tolist() == expected_valid
-    draws = [sample_anchors(flat, 5, torch.Generator().manual_seed(11)) for flat in flats]
+    expected_valid = [bool(m[p] and p <= n - block and m[p + 1]) for m, n in zip(loss_masks, lengths)
+                      for p in range(n)]
+    assert valid_anchor_mask(flats[1], block).tolist() == expected_valid
+    draws = [sample_anchors(flat, 5, torch.Generator().manual_seed(11), block_size=block) for flat in flats]
     for a_padded, a_packed in zip(*draws):  # same documents, same generator state: same anchors
         assert torch.equal(a_padded, a_packed)
     for doc, (positions, mask, n) in enumerate(zip(draws[0], loss_masks, lengths)):
-        valid = [p for p in range(n - 1) if mask[p] and mask[p + 1]]
+        valid = [p for p in range(n - block + 1) if mask[p] and mask[p + 1]]
         assert positions.numel() == min(5, len(valid)), doc
         assert set(positions.tolist()) <= set(valid) and positions.unique().numel() == positions.numel()
-        assert bool((positions + 1 < n).all())
-    assert draws[0][0].numel() == 0 and draws[0][1].numel() == int(bool(loss_masks[1].all()))
+        assert bool((positions + block <= n).all())
+    assert [d.numel() for d in draws[0][:2]] == [0, 0] and draws[0][4].numel() == 0  # shorter than a block
+    assert draws[0][5].tolist() == [0]
     # fresh draws differ and cover the valid positions uniformly
     generator = torch.Generator().manual_seed(5)
     counts = torch.zeros(40)
     for _ in range(400):
-        counts[sample_anchors(flats[1], 5, generator)[3]] += 1
-    assert counts[39] == 0  # the last token has no label
-    assert counts[:39].min() > 20 and counts[:39].max() < 85  # expected 400 * 5 / 39 = 51 each
+        counts[sample_anchors(flats[1], 5, generator, block_size=block)[3]] += 1
+    assert counts[37:].sum() == 0  # a block anchored there would run past the document end
+    assert counts[:37].min() > 20 and counts[:37].max() < 90  # expected 400 * 5 / 37 = 54 each
 
 
 def test_bad_input_is_named():

@@ -50,7 +50,8 @@ def loss_and_grads(target, drafter, tokens, loss_masks, layout, anchors):
 
 def packed_anchors(drafter, tokens, loss_masks, seed=2):
     flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed", loss_masks))
-    return sample_anchors(flat, drafter.config.num_anchors, torch.Generator().manual_seed(seed))
+    return sample_anchors(flat, drafter.config.num_anchors, torch.Generator().manual_seed(seed),
+                          block_size=drafter.block_size)
 
 
 def test_packed_padded_and_separate_runs_agree(models, documents):

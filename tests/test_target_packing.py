@@ -128,13 +128,14 @@ def test_packed_row_with_one_document_equals_the_unpacked_run(target) -> None:
 
 
 def test_packed_forward_checks_boundaries_and_plans_chunks_once(target, docs, monkeypatch) -> None:
-    """cu_seqlens is read back once per forward (a device sync on CUDA) and the GDN chunk plan and
-    conv windows are built by the first layer that needs them, not once per layer."""
+    """A batch from TokenBatch.from_documents carries its checked host boundaries: the target reads
+    nothing back (no device sync on CUDA). A raw batch (cu_seqlens set by hand) is checked and read
+    back once per forward. Either way the GDN chunk plan and conv windows are built by the first
+    layer that needs them, not once per layer."""
     import harness.models.gated_delta as gated_delta_module
     import harness.models.layout as layout_module
     import harness.models.short_conv as short_conv_module
 
-    batch = TokenBatch.from_documents(docs, "packed")
     calls = {"validate": 0, "plan": 0, "windows": 0}
 
     def counting(name, function):
@@ -143,14 +144,22 @@ def test_packed_forward_checks_boundaries_and_plans_chunks_once(target, docs, mo
             return function(*args, **kwargs)
         return wrapper
 
+    trusted = TokenBatch.from_documents(docs, "packed")
+    raw = TokenBatch.from_documents(docs, "packed")
+    raw.cu_seqlens = raw.cu_seqlens.clone()  # a new tensor: the host copy no longer describes it
+    assert trusted.cu_seqlens_host is not None and raw.cu_seqlens_host is None
     monkeypatch.setattr(layout_module, "validate_cu_seqlens", counting("validate", layout_module.validate_cu_seqlens))
     monkeypatch.setattr(gated_delta_module, "_plan_chunks", counting("plan", gated_delta_module._plan_chunks))
     monkeypatch.setattr(short_conv_module, "_document_head_windows",
                         counting("windows", short_conv_module._document_head_windows))
-    target(batch, gdn_backend="torch-chunk")
     linear_layers = target.config.layer_types.count("linear_attention")
     assert linear_layers >= 2, "the test needs several GDN layers to show the plan is shared"
+    expected = target(raw, gdn_backend="torch-chunk")
     assert calls == {"validate": 1, "plan": 1, "windows": 1}
+    got = target(trusted.to("cpu"), gdn_backend="torch-chunk")
+    assert calls == {"validate": 1, "plan": 2, "windows": 2}
+    for a, b in zip(got.hidden_states, expected.hidden_states):
+        assert torch.equal(a, b)
 
 
 def test_prepared_documents_give_the_same_result_as_raw_cu_seqlens() -> None:

@@ -305,7 +305,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     packed = TokenBatch.from_documents(tokens, "packed", loss_masks).to(device)
     padded = TokenBatch.from_documents(tokens, "padded", loss_masks).to(device)
     anchors = sample_anchors(FlatDocuments.from_batch(packed), drafter_config.num_anchors,
-                             torch.Generator().manual_seed(args.seed + 1))
+                             torch.Generator().manual_seed(args.seed + 1), block_size=drafter_config.block_size)
     runs = {
         "separate": _merge_separate([
             _run_layout(target, drafter, TokenBatch.from_documents([doc], "padded", [mask]).to(device), [doc_anchors],

@@ -6,8 +6,9 @@ document alone give the same blocks. This module
 * flattens a :class:`~harness.models.layout.TokenBatch` (either layout) into its real tokens, document
   after document (:class:`FlatDocuments`);
 * samples anchors (:func:`sample_anchors`): positions ``p`` with ``loss_mask[p]`` and
-  ``loss_mask[p + 1]`` both set and ``p + 1`` inside the same document, up to ``num_anchors`` per
-  document, uniformly without replacement, from a ``torch.Generator`` (the run's RNG);
+  ``loss_mask[p + 1]`` both set and the whole block inside the document (``p <= length - B``), up to
+  ``num_anchors`` per document, uniformly without replacement, from a ``torch.Generator`` (tests and
+  ``batchlab-check``; training draws per sample, :mod:`harness.models.drafter_inputs`);
 * lays the blocks out (:class:`BlockLayout`): one block per anchor, in document order, optionally
   padded with unused blocks to a fixed count per document (the fixed shapes of other trainers);
 * builds block inputs ``[anchor token, MASK x (B - 1)]`` (:func:`block_input_ids`) and labels
@@ -20,16 +21,45 @@ document alone give the same blocks. This module
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from harness.models.layout import TokenBatch
 
 
+def map_tensors(obj: Any, move: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A copy of dataclass ``obj`` with ``move`` applied to every tensor field (others kept)."""
+    values = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        values[f.name] = move(value) if isinstance(value, torch.Tensor) else value
+    return type(obj)(**values)
+
+
+def pin_tensors(obj: Any) -> Any:
+    """``map_tensors(obj, pin_memory)``, or ``obj`` itself when no accelerator can pin memory."""
+    from harness.models.layout import _can_pin
+
+    return map_tensors(obj, lambda t: t.pin_memory()) if _can_pin() else obj
+
+
+class _Movable:
+    """``to(device, non_blocking)`` and ``pin_memory()`` for the tensor dataclasses (no checks)."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Any:
+        return map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Any:
+        return pin_tensors(self)
+
+
+
 @dataclass(frozen=True)
-class FlatDocuments:
+class FlatDocuments(_Movable):
     """The real tokens of a batch, document after document (``N`` tokens, ``D`` documents)."""
 
     token_ids: torch.Tensor  # [N] int64
@@ -98,24 +128,37 @@ class FlatDocuments:
         return per_token.reshape(-1, *per_token.shape[2:])[self.source_index]
 
 
-def valid_anchor_mask(documents: FlatDocuments) -> torch.Tensor:
-    """``[N]`` bool: ``loss_mask[p]`` and ``loss_mask[p + 1]`` set, with ``p + 1`` in the same document."""
-    next_in_document = documents.position_in_document + 1 < documents.doc_lengths[documents.doc_of_token]
+def valid_anchor_mask(documents: FlatDocuments, block_size: int) -> torch.Tensor:
+    """``[N]`` bool: the anchor rule of SpecForge (DESIGN.md §4, §9) at every flat token.
+
+    ``p`` may anchor a block when ``loss_mask[p]`` and ``loss_mask[p + 1]`` are set and the whole block
+    lies inside its document: ``p <= length - block_size`` (so ``p + 1`` is in the same document).
+    The same rule as :func:`harness.models.drafter_inputs.anchor_candidates` on one document.
+    """
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2, got {block_size}")
+    position = documents.position_in_document
+    whole_block = position <= documents.doc_lengths[documents.doc_of_token] - block_size
     next_mask = torch.zeros_like(documents.loss_mask)
     next_mask[:-1] = documents.loss_mask[1:]
-    return documents.loss_mask & next_mask & next_in_document
+    return documents.loss_mask & next_mask & whole_block
 
 
-def sample_anchors(documents: FlatDocuments, num_anchors: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Draw up to ``num_anchors`` anchors per document, uniformly without replacement.
+def sample_anchors(
+    documents: FlatDocuments, num_anchors: int, generator: torch.Generator, *, block_size: int
+) -> list[torch.Tensor]:
+    """Draw up to ``num_anchors`` anchors per document, uniformly without replacement, from ``generator``.
 
-    Returns one sorted int64 tensor of in-document positions per document (empty where the document
-    has no valid position). The draw depends only on the documents and ``generator``, so a padded
-    batch and a packed row of the same documents get the same anchors from the same generator state.
+    Candidates follow :func:`valid_anchor_mask`. Returns one sorted int64 tensor of in-document
+    positions per document (empty where the document has no candidate). The draw depends only on the
+    documents and ``generator``, so a padded batch and a packed row of the same documents get the same
+    anchors from the same generator state; it does depend on the neighbours in the batch (one
+    generator runs through all of them). Training draws per sample instead
+    (:func:`harness.models.drafter_inputs.document_anchors`: a function of seed, epoch and sample).
     """
     if num_anchors < 1:
         raise ValueError(f"num_anchors must be at least 1, got {num_anchors}")
-    valid = valid_anchor_mask(documents)
+    valid = valid_anchor_mask(documents, block_size)
     device = documents.token_ids.device
     # One uniform key per token; the smallest `num_anchors` keys among a document's valid positions
     # are a uniform sample without replacement. Sorting on (document, key) ranks all documents at once.
@@ -136,7 +179,7 @@ def sample_anchors(documents: FlatDocuments, num_anchors: int, generator: torch.
 
 
 @dataclass(frozen=True)
-class BlockLayout:
+class BlockLayout(_Movable):
     """One block per anchor, grouped by document in document order (``NB`` blocks)."""
 
     block_size: int

@@ -56,6 +56,8 @@ class DrafterLoss:
     tau_sum: torch.Tensor  # Σ τ over kept blocks
     block_count: torch.Tensor  # kept blocks
     blocks_computed: torch.Tensor  # all blocks, kept or padding
+    correct_per_position: torch.Tensor  # [B - 1] Σ m·[argmax == label] per block slot 1 .. B-1
+    count_per_position: torch.Tensor  # [B - 1] Σ m per block slot
 
     def __add__(self, other: DrafterLoss) -> DrafterLoss:
         return DrafterLoss(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -69,6 +71,12 @@ class DrafterLoss:
         """Share of counted labels predicted by argmax (NaN when none counts)."""
         count = float(self.label_count)
         return float(self.correct_sum) / count if count else math.nan
+
+    @property
+    def accuracy_per_position(self) -> list[float]:
+        """Accuracy of block slots ``1 .. B-1`` (NaN where no label counts)."""
+        return [c / n if n else math.nan
+                for c, n in zip(self.correct_per_position.tolist(), self.count_per_position.tolist())]
 
     @property
     def mean_tau(self) -> float:
@@ -109,15 +117,119 @@ def drafter_loss(
     ce = ce.reshape(num_blocks, num_slots)
     with torch.no_grad():
         correct = (logits.argmax(dim=-1) == labels) & label_valid
-        leading = torch.cumprod(correct.long(), dim=1).sum(dim=1)
-        kept = keep.to(dtype)
-        tau_sum = ((1 + leading).to(dtype) * kept).sum()
+        stats = _block_statistics(correct, label_valid, keep, dtype)
     return DrafterLoss(
         weighted_ce_sum=(ce * weights).sum(),
         weight_sum=weights.sum().detach(),
-        correct_sum=correct.to(dtype).sum(),
+        blocks_computed=torch.full((), float(num_blocks), dtype=dtype, device=logits.device),
+        **stats,
+    )
+
+
+def _block_statistics(correct: torch.Tensor, label_valid: torch.Tensor, keep: torch.Tensor,
+                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Accuracy and τ sums of ``[nb, B-1]`` argmax hits (already masked by ``label_valid``)."""
+    leading = torch.cumprod(correct.long(), dim=1).sum(dim=1)
+    kept = keep.to(dtype)
+    correct_f, mask = correct.to(dtype), label_valid.to(dtype)
+    return dict(
+        correct_sum=correct_f.sum(),
         label_count=mask.sum(),
-        tau_sum=tau_sum,
+        tau_sum=((1 + leading).to(dtype) * kept).sum(),
         block_count=kept.sum(),
-        blocks_computed=torch.tensor(float(num_blocks), dtype=dtype, device=logits.device),
+        correct_per_position=correct_f.sum(dim=0),
+        count_per_position=mask.sum(dim=0),
+    )
+
+
+class _ChunkedHeadCrossEntropy(torch.autograd.Function):
+    """``Σ w·CE(lm_head(hidden), labels)`` over chunks of blocks, gradient computed chunk by chunk.
+
+    Forward walks the blocks ``chunk`` at a time: logits of one chunk, their cross-entropy and argmax
+    statistics, and (when a gradient is wanted) the gradient of the weighted CE sum with respect to
+    the chunk's hidden states, ``(w·(softmax - onehot)) @ W``, after which the chunk's logits are
+    freed. Only that gradient (the size of ``hidden``, not of the logits) is kept for backward, which
+    scales it by the incoming scalar gradient. So neither pass ever holds more than one chunk's
+    logits, and the LM head runs twice per chunk (logits, input gradient) instead of three times
+    (recomputation under checkpointing). Gradients of the head's own weight and bias are
+    accumulated the same way when they require one (the target's head is frozen: normally not).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, lm_head, labels, weights, label_valid, keep, chunk, need_grad):  # noqa: D102
+        num_blocks, num_slots, width = hidden.shape
+        dtype = torch.promote_types(weight.dtype, torch.float32)
+        weighted_ce = torch.zeros((), dtype=dtype, device=hidden.device)
+        correct = torch.zeros(num_blocks, num_slots, dtype=torch.bool, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if need_grad[0] else None
+        grad_weight = torch.zeros_like(weight, dtype=dtype) if need_grad[1] else None
+        grad_bias = torch.zeros_like(bias, dtype=dtype) if need_grad[2] else None
+        for start in range(0, num_blocks, chunk):
+            stop = min(start + chunk, num_blocks)
+            x = hidden[start:stop].reshape(-1, width)
+            y = labels[start:stop].reshape(-1)
+            w = weights[start:stop].reshape(-1).to(dtype)
+            logits = lm_head(x)  # [rows, V] in the head's dtype; the only logits alive
+            correct[start:stop] = (logits.argmax(dim=-1) == y).view(stop - start, num_slots)
+            logits = logits.to(dtype)  # CE in >= fp32 (a copy only when the head is in half precision)
+            lse = torch.logsumexp(logits, dim=-1)
+            weighted_ce += ((lse - logits.gather(1, y[:, None]).squeeze(1)) * w).sum()
+            if any(need_grad):
+                probs = logits.sub_(lse[:, None]).exp_().mul_(w[:, None])  # in place: w·softmax
+                probs.scatter_add_(1, y[:, None], -w[:, None])  # w·(softmax - onehot)
+                grad_logits = probs.to(weight.dtype)
+                if grad_hidden is not None:
+                    grad_hidden[start:stop] = (grad_logits @ weight).view(stop - start, num_slots, width)
+                if grad_weight is not None:
+                    grad_weight += (grad_logits.t() @ x).to(dtype)
+                if grad_bias is not None:
+                    grad_bias += grad_logits.sum(dim=0).to(dtype)
+                del probs, grad_logits
+            del logits
+        correct &= label_valid
+        ctx.save_for_backward(*(t for t in (grad_hidden, grad_weight, grad_bias) if t is not None))
+        ctx.have = tuple(t is not None for t in (grad_hidden, grad_weight, grad_bias))
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        ctx.mark_non_differentiable(correct)
+        return weighted_ce, correct
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_correct):  # noqa: D102
+        saved = iter(ctx.saved_tensors)
+        grads = [next(saved) if have else None for have in ctx.have]
+        grads = [None if g is None else (g * grad_output.to(g.dtype)).to(dt) for g, dt in zip(grads, ctx.dtypes)]
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def chunked_drafter_loss(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor,
+    label_valid: torch.Tensor,
+    keep: torch.Tensor,
+    chunk_blocks: int,
+) -> DrafterLoss:
+    """The sums of :func:`drafter_loss` from the block hidden states ``[NB, B-1, D]`` (after the final
+    norm, cast to the head's dtype), with the LM head applied ``chunk_blocks`` blocks at a time.
+
+    ``loss_weights`` ``[NB, B-1]`` are the decayed weights (zero where a label does not count). The
+    logits of all blocks never exist at once, in forward or backward (:class:`_ChunkedHeadCrossEntropy`).
+    """
+    if chunk_blocks < 1:
+        raise ValueError(f"chunk_blocks must be at least 1, got {chunk_blocks}")
+    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+    grad_on = torch.is_grad_enabled()
+    need_grad = tuple(bool(grad_on and t is not None and t.requires_grad) for t in (hidden, weight, bias))
+    weighted_ce, correct = _ChunkedHeadCrossEntropy.apply(
+        hidden, weight, bias, lm_head, labels, loss_weights, label_valid, keep, int(chunk_blocks), need_grad
+    )
+    dtype = weighted_ce.dtype
+    with torch.no_grad():
+        stats = _block_statistics(correct, label_valid, keep, dtype)
+    return DrafterLoss(
+        weighted_ce_sum=weighted_ce,
+        weight_sum=loss_weights.to(dtype).sum().detach(),
+        blocks_computed=torch.full((), float(hidden.shape[0]), dtype=dtype, device=hidden.device),
+        **stats,
     )

@@ -26,6 +26,10 @@ class TokenBatch:
     loss_mask: torch.Tensor  # same shape; 1 where a token may be a label/anchor
     attention_mask: torch.Tensor | None = None  # [B, L] padded only; 1 = real token
     cu_seqlens: torch.Tensor | None = None  # [N + 1] int32, packed only
+    # Host copy of ``cu_seqlens``, checked once when the batch is built (on the host, before any
+    # device move): models use it instead of reading the device tensor back (a sync on CUDA).
+    # Assigning a new ``cu_seqlens`` drops it, so a batch edited by hand is checked again.
+    cu_seqlens_host: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -40,11 +44,23 @@ class TokenBatch:
         if (self.attention_mask is None) == (self.cu_seqlens is None):
             raise ValueError("give exactly one of attention_mask (padded layout) or cu_seqlens (packed layout)")
         if self.cu_seqlens is not None:
-            validate_cu_seqlens(self.cu_seqlens, total=self.input_ids.shape[1])
+            bounds = validate_cu_seqlens(self.cu_seqlens, total=self.input_ids.shape[1])
             if self.input_ids.shape[0] != 1:
                 raise ValueError(
                     f"a packed batch is one row: input_ids has {self.input_ids.shape[0]} rows with cu_seqlens"
                 )
+            if self.cu_seqlens_host is not None and tuple(self.cu_seqlens_host) != bounds:
+                raise ValueError(
+                    f"cu_seqlens_host {tuple(self.cu_seqlens_host)} disagrees with cu_seqlens {bounds}"
+                )
+            object.__setattr__(self, "cu_seqlens_host", bounds)
+        elif self.cu_seqlens_host is not None:
+            raise ValueError("cu_seqlens_host is for packed batches only (with cu_seqlens)")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "cu_seqlens" and getattr(self, "cu_seqlens_host", None) is not None:
+            object.__setattr__(self, "cu_seqlens_host", None)  # the host copy described the old tensor
+        object.__setattr__(self, name, value)
 
     @property
     def doc_lengths(self) -> torch.Tensor:
@@ -53,15 +69,33 @@ class TokenBatch:
             return (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
         return self.attention_mask.long().sum(dim=1)
 
-    def to(self, device: torch.device | str) -> TokenBatch:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return TokenBatch(
-            input_ids=move(self.input_ids),
-            position_ids=move(self.position_ids),
-            loss_mask=move(self.loss_mask),
-            attention_mask=move(self.attention_mask),
-            cu_seqlens=move(self.cu_seqlens),
-        )
+    def packed_documents(self) -> PackedDocuments | None:
+        """The packed boundaries for the models: from the trusted host copy when the batch has one
+        (no check, no device read), else checked and read back from ``cu_seqlens``; None if padded."""
+        if self.cu_seqlens is None:
+            return None
+        if self.cu_seqlens_host is not None:
+            return PackedDocuments.trusted(self.cu_seqlens, self.cu_seqlens_host)
+        return PackedDocuments.from_cu_seqlens(self.cu_seqlens, total=self.input_ids.shape[1])
+
+    def _map(self, move: Callable[[torch.Tensor], torch.Tensor]) -> TokenBatch:
+        """A batch of moved tensors built without checks (this one was checked when it was built)."""
+        batch = object.__new__(TokenBatch)
+        for name in ("input_ids", "position_ids", "loss_mask", "attention_mask", "cu_seqlens"):
+            value = getattr(self, name)
+            object.__setattr__(batch, name, None if value is None else move(value))
+        object.__setattr__(batch, "cu_seqlens_host", self.cu_seqlens_host)
+        return batch
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
+        """The batch on ``device``: no validation and no read back (the host copy travels along)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> TokenBatch:
+        """Page-locked host copies (for ``non_blocking`` copies); unchanged without an accelerator."""
+        if not _can_pin():
+            return self
+        return self._map(lambda t: t.pin_memory())
 
     @staticmethod
     def from_documents(
@@ -93,6 +127,7 @@ class TokenBatch:
                 position_ids=torch.cat([torch.arange(n) for n in lengths])[None],
                 loss_mask=torch.cat(list(loss_masks)).to(torch.int64)[None],
                 cu_seqlens=cu,
+                cu_seqlens_host=tuple(int(x) for x in cu.tolist()),
             )
         if layout != "padded":
             raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
@@ -106,6 +141,11 @@ class TokenBatch:
             loss_mask[row, : doc.numel()] = mask
         position_ids = torch.arange(width).expand(len(documents), width).clone()
         return TokenBatch(input_ids, position_ids, loss_mask, attention_mask=attention_mask)
+
+
+def _can_pin() -> bool:
+    """Whether page-locked memory is available (it needs an accelerator)."""
+    return torch.cuda.is_available() or (hasattr(torch, "accelerator") and torch.accelerator.is_available())
 
 
 def validate_cu_seqlens(cu_seqlens: torch.Tensor, total: int) -> tuple[int, ...]:
@@ -158,6 +198,11 @@ class PackedDocuments:
         bounds = validate_cu_seqlens(cu_seqlens, total=total)
         device = cu_seqlens.device if device is None else torch.device(device)
         return cls(cu_seqlens=cu_seqlens.to(device=device, dtype=torch.int32, copy=True), bounds=bounds)
+
+    @classmethod
+    def trusted(cls, cu_seqlens: torch.Tensor, bounds: Sequence[int]) -> PackedDocuments:
+        """From boundaries checked earlier (``bounds`` on the host): no check, no device read."""
+        return cls(cu_seqlens=cu_seqlens.to(dtype=torch.int32, copy=True), bounds=tuple(bounds))
 
     @property
     def total(self) -> int:

@@ -307,8 +307,9 @@ class HybridTarget(nn.Module):
         input_ids = self._checked_input_ids(batch)
         packed = batch.cu_seqlens is not None
         cu_seqlens = None
-        if packed:  # checked and read back once here; every layer shares it (and what it caches)
-            cu_seqlens = PackedDocuments.from_cu_seqlens(batch.cu_seqlens, total=input_ids.shape[1])
+        if packed:  # built once here; every layer shares it (and what it caches). A batch built by
+            # TokenBatch.from_documents carries its host copy (no check, no device read); a raw one is checked.
+            cu_seqlens = batch.packed_documents()
         padding_mask = None
         attention_mask = None
         if not packed:

@@ -1,0 +1,108 @@
+"""The drafter's configuration: shape and training knobs (``conf/drafter/*.yaml``).
+
+The hidden size and vocabulary come from the target. ``load_drafter_config`` rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.models.drafter_loss import resolve_loss_decay_gamma
+
+
+DRAFTER_ATTENTION_BACKENDS = ("auto", "dense", "flex")
+
+
+@dataclass
+class DrafterConfig:
+    """Shape and training knobs of the drafter; the hidden size and vocabulary come from the target."""
+
+    num_hidden_layers: int = 1
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    attention_bias: bool = False
+    max_position_embeddings: int = 32768
+    block_size: int = 16
+    num_anchors: int = 512
+    loss_decay_gamma: float | None = None  # None: 7 for B=16, 5 for B=10, 4 for B=8
+    mask_token_id: int | None = None  # None: add a MASK token (id = target vocab size)
+    target_layer_ids: list[int] | None = None  # None: build_target_layer_ids(n_target, num_hidden_layers)
+    attention_backend: str = "auto"  # auto: flex on CUDA, dense elsewhere (see DFlashAttention)
+    initializer_range: float = 0.02
+    # Memory bounds of one micro-batch. max_blocks caps the blocks of a micro-batch (None: no cap);
+    # the kept ones are those with the smallest anchor keys over the micro-batch (drafter_inputs.py).
+    # loss_chunk_blocks: blocks per chunk of the LM head + cross-entropy (logits of one chunk at a time).
+    max_blocks: int | None = None
+    loss_chunk_blocks: int = 256
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.extra:
+            raise ValueError(f"unknown drafter config keys {sorted(self.extra)}; known keys: {config_keys()}")
+        if self.block_size < 2:
+            raise ValueError(
+                "block_size must be at least 2 (slot 0 holds the anchor, slots 1.. are predicted), "
+                f"got {self.block_size}"
+            )
+        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "num_anchors"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.attention_backend not in DRAFTER_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {DRAFTER_ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
+        if self.max_blocks is not None and (isinstance(self.max_blocks, bool) or int(self.max_blocks) < 1):
+            raise ValueError(f"max_blocks must be at least 1 or null (no cap), got {self.max_blocks}")
+        if isinstance(self.loss_chunk_blocks, bool) or int(self.loss_chunk_blocks) < 1:
+            raise ValueError(f"loss_chunk_blocks must be at least 1, got {self.loss_chunk_blocks}")
+        if self.mask_token_id is not None and self.mask_token_id < 0:
+            raise ValueError(f"mask_token_id must be >= 0 or null, got {self.mask_token_id}")
+        resolve_loss_decay_gamma(self.block_size, self.loss_decay_gamma)
+
+    @property
+    def resolved_loss_decay_gamma(self) -> float:
+        return resolve_loss_decay_gamma(self.block_size, self.loss_decay_gamma)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values.pop("extra")
+        return values
+
+
+def config_keys() -> list[str]:
+    """Keys a drafter YAML may hold."""
+    return [f.name for f in fields(DrafterConfig) if f.name != "extra"]
+
+
+def load_drafter_config(path_or_dict: str | Path | Mapping[str, Any]) -> DrafterConfig:
+    """Read a drafter config from a YAML file (e.g. ``conf/drafter/tiny.yaml``) or a mapping."""
+    if isinstance(path_or_dict, Mapping):
+        values = dict(path_or_dict)
+    else:
+        path = Path(path_or_dict)
+        if not path.is_file():
+            raise FileNotFoundError(f"drafter config {str(path)!r} does not exist; try conf/drafter/tiny.yaml")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"drafter config {str(path)!r} must be a mapping of keys to values")
+    known = set(config_keys())
+    extra = {key: values.pop(key) for key in list(values) if key not in known}
+    return DrafterConfig(**values, extra=extra)

@@ -65,6 +65,17 @@ def corpus_inputs(root: Path | None = None, files: list[Path] | None = None) -> 
     return root, paths, payload
 
 
+def corpus_documents(
+    cfg: DataConfig,
+    progress: bool = True,
+    root: str | os.PathLike[str] | None = None,
+    files: list[str | os.PathLike[str]] | None = None,
+) -> tuple[list[CodeDocument], dict]:
+    """Every parsed definition of the corpus (first cache level, no subset) and its summary."""
+    root, paths, corpus_payload = corpus_inputs(root, None if files is None else [Path(f) for f in files])
+    return _documents(cfg.resolved_cache_dir(), cache.digest(corpus_payload), root, paths, progress)
+
+
 def stdlib_samples(
     cfg: DataConfig,
     progress: bool = True,

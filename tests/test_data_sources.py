@@ -1,0 +1,136 @@
+"""Tokenized samples from a saved dataset, parquet and JSON lines."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from harness.data.config import DataConfig
+from harness.data.errors import DataValidationError
+from harness.data.samples import load_samples
+
+IDS = [[5, 6, 7, 8], [9], [1, 2, 3], [4, 4, 4, 4, 4, 4]]
+MASKS = [[0, 0, 1, 1], [1], [0, 1, 1], [1, 1, 1, 0, 1, 1]]
+DEFAULT_MASKS = [[0] + [1] * (len(row) - 1) for row in IDS]
+
+
+def _cfg(source: Path, tmp_path: Path, **options) -> DataConfig:
+    return DataConfig(source=str(source), cache_dir=str(tmp_path / "cache"), **options)
+
+
+def _rows(samples) -> tuple[list, list]:
+    pairs = samples.samples(range(len(samples)))
+    for ids, mask in pairs:
+        assert ids.dtype == np.int64 and mask.dtype == bool
+    return [ids.tolist() for ids, _ in pairs], [mask.astype(int).tolist() for _, mask in pairs]
+
+
+def test_save_to_disk_dataset(tmp_path: Path):
+    path = tmp_path / "ds"
+    datasets.Dataset.from_dict({"input_ids": IDS, "loss_mask": MASKS, "text": list("abcd")}).save_to_disk(str(path))
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
+    assert _rows(samples) == (IDS, MASKS)
+    assert samples.lengths.tolist() == [len(r) for r in IDS] and samples.lengths.dtype == np.int64
+    assert samples.tokenizer_path is None and samples.vocab_size is None and len(samples.fingerprint) == 64
+    assert samples.sample(-1)[0].tolist() == IDS[-1]
+    assert [ids.tolist() for ids, _ in samples.samples([3, 0, 3])] == [IDS[3], IDS[0], IDS[3]]
+
+
+def test_save_to_disk_without_mask_gets_the_default(tmp_path: Path):
+    path = tmp_path / "ds"
+    datasets.Dataset.from_dict({"input_ids": IDS}).save_to_disk(str(path))
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
+    assert _rows(samples) == (IDS, DEFAULT_MASKS)
+    assert "loss_mask filled" in samples.source
+    clone = pickle.loads(pickle.dumps(samples))
+    assert _rows(clone) == (IDS, DEFAULT_MASKS)
+    assert load_samples(_cfg(path, tmp_path), progress=False).fingerprint == samples.fingerprint
+
+
+def test_dataset_dict_splits(tmp_path: Path):
+    path = tmp_path / "dd"
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"input_ids": IDS, "loss_mask": MASKS}),
+            "test": datasets.Dataset.from_dict({"input_ids": IDS[:2]}),
+        }
+    ).save_to_disk(str(path))
+    train = load_samples(_cfg(path, tmp_path, split="train"), progress=False)
+    test = load_samples(_cfg(path, tmp_path, split="test"), progress=False)
+    assert _rows(train) == (IDS, MASKS) and _rows(test) == (IDS[:2], DEFAULT_MASKS[:2])
+    assert train.fingerprint != test.fingerprint
+    with pytest.raises(DataValidationError, match=r"no split given.*\['train', 'test'\].*data.split"):
+        load_samples(_cfg(path, tmp_path), progress=False)
+    with pytest.raises(DataValidationError, match=r"split 'valid' not found.*\['train', 'test'\]"):
+        load_samples(_cfg(path, tmp_path, split="valid"), progress=False)
+    single = tmp_path / "single"
+    datasets.DatasetDict({"only": datasets.Dataset.from_dict({"input_ids": IDS})}).save_to_disk(str(single))
+    assert len(load_samples(_cfg(single, tmp_path), progress=False)) == 4
+    plain = tmp_path / "plain"
+    datasets.Dataset.from_dict({"input_ids": IDS}).save_to_disk(str(plain))
+    with pytest.raises(DataValidationError, match="single Dataset.*data.split to null"):
+        load_samples(_cfg(plain, tmp_path, split="train"), progress=False)
+
+
+def test_parquet(tmp_path: Path):
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"input_ids": IDS, "other": [1, 2, 3, 4]}), path, row_group_size=3)
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
+    assert _rows(samples) == (IDS, DEFAULT_MASKS)
+    assert samples.lengths.tolist() == [4, 1, 3, 6]
+    masked = tmp_path / "masked.parquet"
+    pq.write_table(pa.table({"input_ids": IDS, "loss_mask": [[bool(v) for v in m] for m in MASKS]}), masked)
+    assert _rows(load_samples(_cfg(masked, tmp_path), progress=False)) == (IDS, MASKS)
+    # the conversion is cached by path, size and mtime
+    first = load_samples(_cfg(path, tmp_path), progress=False)
+    pq.write_table(pa.table({"input_ids": IDS[:2]}), path)
+    second = load_samples(_cfg(path, tmp_path), progress=False)
+    assert len(second) == 2 and second.fingerprint != first.fingerprint
+    # memory-mapped: pickles by file path, not by content
+    assert len(pickle.dumps(samples)) < 10_000
+
+
+def test_jsonl(tmp_path: Path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": i, "loss_mask": m}) + "\n" for i, m in zip(IDS, MASKS)))
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
+    assert _rows(samples) == (IDS, MASKS)
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({"input_ids": i}) + "\n" for i in IDS))
+    assert _rows(load_samples(_cfg(bare, tmp_path), progress=False)) == (IDS, DEFAULT_MASKS)
+
+
+def test_source_errors(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_samples(_cfg(tmp_path / "nope.parquet", tmp_path), progress=False)
+    text = tmp_path / "x.csv"
+    text.write_text("1,2\n")
+    with pytest.raises(DataValidationError, match="unknown data format '.csv'"):
+        load_samples(_cfg(text, tmp_path), progress=False)
+    no_ids = tmp_path / "no_ids.parquet"
+    pq.write_table(pa.table({"tokens": IDS, "text": list("abcd")}), no_ids)
+    with pytest.raises(DataValidationError, match=r"no 'input_ids' column; columns found: \['tokens', 'text'\].*tokenize"):
+        load_samples(_cfg(no_ids, tmp_path), progress=False)
+    strings = tmp_path / "strings.jsonl"
+    strings.write_text(json.dumps({"input_ids": "hello"}) + "\n")
+    with pytest.raises(DataValidationError, match="'input_ids' has type string; expected a list of integers"):
+        load_samples(_cfg(strings, tmp_path), progress=False)
+    not_dataset = tmp_path / "dir"
+    not_dataset.mkdir()
+    with pytest.raises(DataValidationError, match="not a dataset written by save_to_disk"):
+        load_samples(_cfg(not_dataset, tmp_path), progress=False)
+    parquet = tmp_path / "ok.parquet"
+    pq.write_table(pa.table({"input_ids": IDS}), parquet)
+    with pytest.raises(DataValidationError, match="split.*only to a dataset directory"):
+        load_samples(_cfg(parquet, tmp_path, split="train"), progress=False)
+    no_ids_ds = tmp_path / "no_ids_ds"
+    datasets.Dataset.from_dict({"text": list("ab")}).save_to_disk(str(no_ids_ds))
+    with pytest.raises(DataValidationError, match=r"columns found: \['text'\]"):
+        load_samples(_cfg(no_ids_ds, tmp_path), progress=False)

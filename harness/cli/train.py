@@ -1,0 +1,37 @@
+"""``batchlab-train``: the Hydra entry point of a training run (one job = one run).
+
+    batchlab-train strategy=packed
+    batchlab-train -m strategy=sorted,shuffle,bucketed,packed seed=0,1,2
+    batchlab-train experiment=smoke strategy=bucketed trainer.nproc=2
+
+The config is composed from ``conf/`` (typed by :mod:`harness.train.config`), resolved once, and
+handed to :func:`harness.train.trainer.run`, which starts the job's ranks itself. Each run writes into
+Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, ``summary.json``,
+``checkpoints/`` and the offline W&B run under ``wandb/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from harness.train.config import register_schemas, resolved_dict
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+register_schemas()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from harness.train.trainer import run
+
+    summary = run(resolved_dict(cfg), HydraConfig.get().runtime.output_dir)
+    return summary.get("eval_loss") if summary else None
+
+
+if __name__ == "__main__":
+    main()

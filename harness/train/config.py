@@ -1,0 +1,289 @@
+"""The typed configuration tree of a training run; it mirrors ``conf/`` group by group.
+
+Every Hydra group has a dataclass schema here, stored in Hydra's ConfigStore (:func:`register_schemas`),
+so that a typo or a wrong type fails when the config is composed, naming the key:
+
+=============  ==================================================================================
+group          schema
+=============  ==================================================================================
+strategy/      one schema per registered strategy, built from that strategy's own dataclass fields
+               (so an option added to a strategy is a config key at once), plus rank balancing
+data/          :class:`harness.data.config.DataConfig`
+target/        :data:`TargetConfig`: the keyword arguments of transformers' ``Qwen3_5TextConfig``
+               (checked again, with their values, when the target is built), plus ``pretrained``
+drafter/       :data:`DrafterSchema`: :class:`harness.models.drafter.DrafterConfig`'s fields
+optim/         :class:`OptimConfig`
+trainer/       :class:`TrainerConfig`
+logger/        :class:`LoggerConfig`
+=============  ==================================================================================
+
+The Hydra job resolves the config once into a plain dict (:func:`resolved_dict`) that travels to the
+ranks; each rank rebuilds the typed tree with :func:`run_config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from harness.data.config import DataConfig
+from harness.models.drafter import DrafterConfig
+
+PRECISIONS = ("fp32", "bf16")
+DEVICES = ("cpu", "cuda")
+OVERSIZE_POLICIES = ("error", "truncate", "drop")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+
+
+def _at_least(name: str, value: Any, low: float, fix: str = "") -> None:
+    if value is not None and value < low:
+        raise ValueError(f"{name}={value!r} must be >= {low}{'; ' + fix if fix else ''}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with a cosine schedule whose warmup and horizon are counted in tokens seen."""
+
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_fraction: float = 0.04  # of the run's token horizon
+    min_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of lr
+    grad_clip: float = 1.0  # on the global gradient norm; <= 0 disables clipping
+
+    def __post_init__(self) -> None:
+        _at_least("optim.lr", self.lr, 0.0)
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"optim.warmup_fraction={self.warmup_fraction} must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+
+
+@dataclass
+class TrainerConfig:
+    """Ranks, device, budget, stop condition and the cadence of eval, checkpoints and statistics."""
+
+    nproc: int = 1  # ranks this job starts (ignored under an external torchrun/SLURM launch)
+    device: str = "cpu"
+    precision: str = "fp32"  # activations of target and drafter; drafter master weights stay fp32
+    max_tokens: int = 2048  # micro-batch budget: computed token slots (padded) or row capacity (packed)
+    max_samples: Optional[int] = None
+    grad_accum: int = 1
+    oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
+    stop_tokens: Optional[int] = 600_000  # real tokens seen; the same for every strategy of a sweep
+    stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null)
+    eval_every_tokens: int = 100_000
+    checkpoint_every_steps: int = 100
+    keep_checkpoints: int = 2
+    grad_stats_every: int = 4  # steps between gradient-diversity measurements
+    grad_stats_ema: float = 0.9
+    acf_lags: int = 8
+    num_workers: int = 1  # DataLoader workers per rank (0: collate in the training process)
+    prefetch_factor: int = 4
+    threads_per_rank: Optional[int] = None  # torch intra-op threads; None: CPU cores / ranks
+    collective_timeout_s: int = 300
+    resume: bool = True  # continue from run_dir/checkpoints when a checkpoint is there
+    record_consumed: bool = False  # write every rank's consumed sample indices (tests)
+    target_attention_backend: str = "auto"
+    gdn_backend: str = "auto"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _choice("trainer.device", self.device, DEVICES)
+        _choice("trainer.precision", self.precision, PRECISIONS)
+        _choice("trainer.oversize", self.oversize, OVERSIZE_POLICIES)
+        for name in ("nproc", "max_tokens", "grad_accum", "eval_every_tokens", "checkpoint_every_steps",
+                     "keep_checkpoints", "grad_stats_every", "acf_lags", "prefetch_factor",
+                     "collective_timeout_s"):
+            _at_least(f"trainer.{name}", getattr(self, name), 1)
+        _at_least("trainer.num_workers", self.num_workers, 0)
+        _at_least("trainer.max_samples", self.max_samples, 1)
+        _at_least("trainer.threads_per_rank", self.threads_per_rank, 1)
+        if (self.stop_tokens is None) == (self.stop_epochs is None):
+            raise ValueError(
+                "set exactly one stop condition: trainer.stop_tokens (default) or trainer.stop_epochs "
+                "(e.g. trainer.stop_tokens=null trainer.stop_epochs=3)"
+            )
+        _at_least("trainer.stop_tokens", self.stop_tokens, 1)
+        if self.stop_epochs is not None and not self.stop_epochs > 0:
+            raise ValueError(f"trainer.stop_epochs={self.stop_epochs} must be > 0")
+        if not 0.0 <= self.grad_stats_ema < 1.0:
+            raise ValueError(f"trainer.grad_stats_ema={self.grad_stats_ema} must be in [0, 1)")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides ``metrics.jsonl``/``summary.json`` (always written by rank 0)."""
+
+    wandb: bool = True
+    mode: str = "offline"  # offline | online | disabled; the WANDB_MODE environment variable wins
+    project: str = "batchlab"
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
+
+
+# ------------------------------------------------------------------ schemas generated from the code
+def _omegaconf_type(hint: Any) -> Any:
+    """The hint if OmegaConf can type-check it (primitives, Optional/List of them), else ``Any``."""
+    primitives = (int, float, bool, str)
+    if hint in primitives:
+        return hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            inner = _omegaconf_type(rest[0])
+            return Any if inner is Any else Optional[inner]
+        return Any
+    if origin is list and len(args) == 1 and args[0] in primitives:
+        return list[args[0]]
+    return Any
+
+
+def schema_from_dataclass(name: str, cls: type, extra: list[tuple[str, Any, Any]] = (),
+                          exclude: tuple[str, ...] = ()) -> type:
+    """A flat dataclass with the same keys and defaults as ``cls`` (for ConfigStore); unknown types -> Any."""
+    hints = typing.get_type_hints(cls)
+    specs = list(extra)
+    for f in dataclasses.fields(cls):
+        if f.name in exclude or not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = field(default=f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = field(default_factory=f.default_factory)
+        else:
+            default = field(default=None)
+        specs.append((f.name, _omegaconf_type(hints[f.name]), default))
+    return dataclasses.make_dataclass(name, specs)
+
+
+def strategy_schemas() -> dict[str, type]:
+    """One schema per registered strategy: ``name``, its options, and the rank-balancing switch."""
+    from strategies.registry import _strategy_class, available_strategies
+
+    common = [
+        ("name", str, field(default="")),
+        ("balance", bool, field(default=False)),  # place each step's micro-batches to even out rank cost
+        ("balance_window_steps", int, field(default=1)),
+    ]
+    schemas = {}
+    for strategy in available_strategies():
+        cls = _strategy_class(strategy)
+        extra = [(n, t, field(default=strategy) if n == "name" else d) for n, t, d in common]
+        schemas[strategy] = schema_from_dataclass(f"{cls.__name__}Config", cls, extra=extra)
+    return schemas
+
+
+def target_schema() -> type:
+    """The keys ``Qwen3_5TextConfig`` takes (all optional: unset keys keep transformers' defaults)."""
+    from transformers import Qwen3_5TextConfig
+
+    from harness.models.config import _EXTRA_CONFIG_KWARGS
+
+    names = [f.name for f in dataclasses.fields(Qwen3_5TextConfig)] + sorted(_EXTRA_CONFIG_KWARGS)
+    specs = [("pretrained", Optional[str], field(default=None))]  # a local HF checkpoint directory
+    specs += [(n, Any, field(default=None)) for n in names]
+    return dataclasses.make_dataclass("TargetConfig", specs)
+
+
+TargetConfig = target_schema()
+DrafterSchema = schema_from_dataclass("DrafterSchema", DrafterConfig, exclude=("extra",))
+
+
+@dataclass
+class RunConfig:
+    """One training run: what to train on, how to batch it and how to run it."""
+
+    seed: int = 0
+    group: str = "default"  # the W&B group: the sweep or experiment name
+    name: str = "run"  # the run's name, {strategy}-s{seed} by default (conf/train.yaml)
+    strategy: Any = None
+    data: DataConfig = field(default_factory=DataConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    # typed views of the groups kept as plain mappings ----------------------------------------
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy["name"]
+
+    @property
+    def strategy_options(self) -> dict[str, Any]:
+        """Options for :func:`strategies.build_strategy` (without name and balancing)."""
+        return {k: v for k, v in self.strategy.items() if k not in ("name", "balance", "balance_window_steps")}
+
+    @property
+    def balance(self) -> dict[str, Any] | None:
+        if not self.strategy.get("balance"):
+            return None
+        return {"window_steps": int(self.strategy.get("balance_window_steps", 1))}
+
+    @property
+    def target_kwargs(self) -> dict[str, Any]:
+        """``Qwen3_5TextConfig`` keyword arguments (unset keys left out)."""
+        values = dataclasses.asdict(self.target)
+        return {k: v for k, v in values.items() if v is not None and k != "pretrained"}
+
+    @property
+    def drafter_config(self) -> DrafterConfig:
+        return DrafterConfig(**dataclasses.asdict(self.drafter))
+
+
+def register_schemas() -> None:
+    """Store the schemas in Hydra's ConfigStore.
+
+    ``run_schema`` types every group but ``strategy`` (data, target, drafter, optim, trainer, logger are
+    typed fields of :class:`RunConfig`, so a group file merged into them is checked key by key); each
+    strategy file names its own schema (``strategy/<name>_schema``) in its defaults list.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for strategy, schema in strategy_schemas().items():
+        store.store(group="strategy", name=f"{strategy}_schema", node=schema)
+
+
+def resolved_dict(cfg: Any) -> dict[str, Any]:
+    """The composed Hydra config as a plain, fully resolved dict (what the ranks receive)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
+    """Rebuild the typed tree from :func:`resolved_dict`'s output (validates every dataclass group)."""
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown top-level config key(s) {unknown}; known keys: {sorted(known)}")
+    typed = {
+        "target": TargetConfig(**values.pop("target", {})),
+        "drafter": DrafterSchema(**values.pop("drafter", {})),
+        "data": DataConfig(**values.pop("data", {})),
+        "optim": OptimConfig(**values.pop("optim", {})),
+        "trainer": TrainerConfig(**values.pop("trainer", {})),
+        "logger": LoggerConfig(**values.pop("logger", {})),
+    }
+    config = RunConfig(**values, **typed)
+    if not config.strategy or "name" not in config.strategy:
+        raise ValueError("the config has no strategy; choose one, e.g. strategy=packed")
+    config.drafter_config  # noqa: B018 - validates the drafter group
+    return config

@@ -1,0 +1,129 @@
+"""Ranks: start them, know which one this is, and the few collectives the trainer uses.
+
+Three ways a run gets its ranks (DESIGN.md §6, §9: torchrun around a Hydra app hangs or races):
+
+* ``trainer.nproc == 1`` and no launcher: the Hydra job trains in its own process (no process group).
+* ``trainer.nproc > 1``: the Hydra job starts the ranks itself with torch elastic's ``elastic_launch``
+  (c10d rendezvous on ``localhost:0``, so two jobs never fight over a port); the resolved config
+  travels as a plain dict.
+* An external ``torchrun`` or SLURM launch (``WORLD_SIZE`` / ``SLURM_NTASKS`` in the environment): the
+  process is already one rank; read the environment and join.
+
+Collectives are no-ops on one rank, so the trainer has no ``if world_size > 1`` of its own. A rank
+that dies ends the job: elastic's agent stops the others and raises ``ChildFailedError`` naming it;
+collectives carry a timeout (``trainer.collective_timeout_s``) so that a lost peer never hangs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes files, logs and shows progress."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def external_launch_env() -> RankEnv | None:
+    """The rank env set by torchrun / torch elastic (or SLURM's srun), None when not launched."""
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return RankEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                       int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    if "SLURM_NTASKS" in os.environ and "SLURM_PROCID" in os.environ and int(os.environ["SLURM_NTASKS"]) > 1:
+        # srun without torchrun: MASTER_ADDR/PORT must come from the job script (see the README)
+        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        return RankEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]))
+    return None
+
+
+def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
+    """Join the job's process group (gloo on CPU, NCCL on CUDA); nothing to do on one rank."""
+    if not env.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> Any:
+    """Run ``worker(*args)`` on every rank and return rank 0's result.
+
+    Under an external launcher, or with ``nproc == 1``, this process is the (only) rank here. Otherwise
+    ``nproc`` local processes are started with torch elastic; ``worker`` must be a module-level function
+    and ``args`` picklable (the spawned ranks import it afresh).
+    """
+    if external_launch_env() is not None or nproc == 1:
+        return worker(*args)
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
+        start_method="spawn",
+    )
+    results = elastic_launch(config, worker)(*args)
+    return results[0]
+
+
+class Collectives:
+    """The trainer's collectives; identity on one rank."""
+
+    def __init__(self, env: RankEnv) -> None:
+        self.env = env
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.env.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.env.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[world_size, *tensor.shape]``: every rank's tensor, in rank order."""
+        if not self.env.distributed:
+            return tensor[None].clone()
+        gathered = [torch.empty_like(tensor) for _ in range(self.env.world_size)]
+        dist.all_gather(gathered, tensor)
+        return torch.stack(gathered)
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        if not self.env.distributed:
+            return [value]
+        gathered: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.env.distributed:
+            dist.barrier()

@@ -1,0 +1,172 @@
+"""Where a run's metrics go: ``metrics.jsonl`` and ``summary.json`` always, W&B when configured.
+
+Only rank 0 builds a :class:`MetricLogger` with sinks (the others get one without any). The local
+files are the source of truth for analysis; W&B is a view of the same records. A W&B failure warns
+once and switches W&B off for the rest of the run: it never stops training.
+
+Records are flat dicts of JSON values. Every record carries ``tokens_seen``, which W&B uses as the
+x-axis of every metric (``define_metric``), so strategies with different step counts line up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Protocol
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def json_value(value: Any) -> Any:
+    """``value`` with numpy/torch scalars as Python numbers and non-finite floats as None (strict JSON)."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_value(payload), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class MetricSink(Protocol):
+    def log(self, record: dict[str, Any]) -> None: ...
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None: ...
+    def summary(self, values: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """``metrics.jsonl`` (one record a line, flushed) and ``summary.json`` (rewritten atomically)."""
+
+    def __init__(self, run_dir: Path, resume_after_step: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS_FILE
+        if resume_after_step is not None:
+            truncate_metrics(self.path, resume_after_step)
+        elif self.path.exists():
+            self.path.unlink()  # a fresh run in a reused directory starts a fresh file
+        self._file = self.path.open("a")
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(json_value(record), sort_keys=True) + "\n")
+        self._file.flush()
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None:
+        """Tables go to W&B only: every line of metrics.jsonl is one step (tables' values are in the steps)."""
+
+    def summary(self, values: dict[str, Any]) -> None:
+        write_json_atomic(self.run_dir / SUMMARY_FILE, values)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the records of steps ``<= last_step`` (a resumed run rewrites what came after its checkpoint)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill
+            continue
+        if record.get("step", -1) <= last_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class WandbSink:
+    """One W&B run per job (rank 0): offline by default, ``WANDB_MODE`` wins over ``logger.mode``."""
+
+    def __init__(self, run_dir: Path, *, project: str, entity: str | None, group: str, name: str,
+                 job_type: str, tags: list[str], config: dict[str, Any], mode: str, run_id: str,
+                 resume: bool) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self._failed = False
+        mode = os.environ.get("WANDB_MODE", mode)  # wandb.init's mode argument would beat the env var
+        self.run = wandb.init(
+            dir=str(run_dir), project=project, entity=entity, group=group, name=name, job_type=job_type,
+            tags=list(tags), config=config, mode=mode, id=run_id, resume="allow" if resume else None,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
+        self.run.define_metric("tokens_seen")
+        self.run.define_metric("*", step_metric="tokens_seen")
+
+    def _guard(self, what: str, call: Any) -> None:
+        if self._failed:
+            return
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - W&B must never stop a run
+            self._failed = True
+            warnings.warn(f"W&B {what} failed ({type(error).__name__}: {error}); W&B logging is off for the rest "
+                          "of this run; metrics.jsonl and summary.json are unaffected", stacklevel=2)
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = {k: v for k, v in json_value(record).items() if isinstance(v, (int, float)) and v is not None}
+        for key, value in record.items():  # per-position and per-rank lists as separate series
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+                values.update({f"{key}/{i}": v for i, v in enumerate(json_value(value)) if v is not None})
+        self._guard("log", lambda: self.run.log(values))
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None:
+        self._guard("table", lambda: self.run.log({name: self._wandb.Table(columns=columns, data=rows),
+                                                   "tokens_seen": tokens_seen}))
+
+    def summary(self, values: dict[str, Any]) -> None:
+        def write() -> None:
+            for key, value in json_value(values).items():
+                if isinstance(value, (int, float, str, bool)):
+                    self.run.summary[key] = value
+        self._guard("summary", write)
+
+    def close(self) -> None:
+        self._guard("finish", lambda: self.run.finish())
+
+
+class MetricLogger:
+    """Fans records out to every sink (none on ranks other than 0)."""
+
+    def __init__(self, sinks: list[MetricSink] | None = None) -> None:
+        self.sinks = list(sinks or [])
+
+    def log(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(record)
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None:
+        for sink in self.sinks:
+            sink.log_table(name, columns, rows, tokens_seen)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.summary(values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (for tests, analysis and notebooks)."""
+    path = Path(run_dir) / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

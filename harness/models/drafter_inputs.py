@@ -79,11 +79,11 @@ def document_anchors(
     """
     if num_anchors < 1:
         raise ValueError(f"num_anchors must be at least 1, got {num_anchors}")
+    entropy = [_check_seed_part("seed", seed), _check_seed_part("epoch", epoch),
+               _check_seed_part("sample_index", sample_index), ANCHOR_PURPOSE]
     candidates = anchor_candidates(loss_mask, block_size)
     if candidates.size == 0:
         return candidates, np.zeros(0, dtype=np.float64)
-    entropy = [_check_seed_part("seed", seed), _check_seed_part("epoch", epoch),
-               _check_seed_part("sample_index", sample_index), ANCHOR_PURPOSE]
     keys = np.random.default_rng(np.random.SeedSequence(entropy)).random(candidates.size)
     if candidates.size > num_anchors:
         chosen = np.sort(np.argsort(keys, kind="stable")[:num_anchors])  # sorted index = sorted position

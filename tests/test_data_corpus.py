@@ -12,6 +12,7 @@ import pytest
 from harness.data.config import DataConfig
 from harness.data.corpus import CodeDocument, build_corpus, corpus_files, extract_documents, module_name, select_documents
 from harness.data.corpus_cache import corpus_documents
+from harness.data.errors import DataValidationError
 from harness.data.samples import load_samples
 from harness.data.tokenizer import load_tokenizer
 
@@ -178,6 +179,15 @@ def test_load_samples_on_a_small_tree(tree: Path, tmp_path: Path):
     )
     assert reseeded.fingerprint != samples.fingerprint
     assert list(reseeded.dataset["name"]) != list(samples.dataset["name"])
+    # the build is deterministic: another cache directory gives the same tokens and fingerprint
+    elsewhere = load_samples(
+        DataConfig(max_documents=12, vocab_size=300, cache_dir=str(tmp_path / "other")),
+        progress=False, corpus_root=str(tree),
+    )
+    assert elsewhere.fingerprint == samples.fingerprint
+    assert [elsewhere.sample(i)[0].tolist() for i in range(12)] == [samples.sample(i)[0].tolist() for i in range(12)]
+    with pytest.raises(DataValidationError, match="data.split='train' applies only to a DatasetDict"):
+        load_samples(DataConfig(split="train", cache_dir=cfg.cache_dir), progress=False, corpus_root=str(tree))
 
 
 @pytest.fixture(scope="module")

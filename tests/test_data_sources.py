@@ -134,3 +134,22 @@ def test_source_errors(tmp_path: Path):
     datasets.Dataset.from_dict({"text": list("ab")}).save_to_disk(str(no_ids_ds))
     with pytest.raises(DataValidationError, match=r"columns found: \['text'\]"):
         load_samples(_cfg(no_ids_ds, tmp_path), progress=False)
+
+
+def _read_in_worker(samples, indices):
+    return [ids.tolist() for ids, _ in samples.samples(indices)]
+
+
+def test_samples_in_forked_workers(tmp_path: Path):
+    import multiprocessing
+
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"input_ids": IDS}), path)
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
+    samples.sample(0)  # the parent has touched the Arrow table before forking
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        results = pool.starmap(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])])
+    assert results == [IDS[:2], [IDS[3], IDS[2]]]
+    ids, mask = samples.sample(2)
+    assert ids.flags.writeable and mask.flags.writeable
+    assert samples.samples([]) == []

@@ -89,14 +89,14 @@ class TokenizedSamples:
         taken = self._arrow_table().take(pa.array(idx))
         ids_offsets, ids_values = _flat(taken.column("input_ids"))
         mask_offsets, mask_values = _flat(taken.column("loss_mask"))
-        ids_values = ids_values.astype(np.int64, copy=False)
-        mask_values = mask_values.astype(bool, copy=False) if mask_values.dtype != bool else mask_values
-        out = []
-        for row in range(idx.size):
-            a, b = ids_offsets[row], ids_offsets[row + 1]
-            c, d = mask_offsets[row], mask_offsets[row + 1]
-            out.append((ids_values[a:b].copy(), mask_values[c:d].copy()))
-        return out
+        # Fresh writable arrays (Arrow's zero-copy views are read-only); rows are views into them.
+        ids_values = ids_values.astype(np.int64)
+        mask_values = mask_values != 0
+        return [
+            (ids_values[ids_offsets[row] : ids_offsets[row + 1]],
+             mask_values[mask_offsets[row] : mask_offsets[row + 1]])
+            for row in range(idx.size)
+        ]
 
     def _arrow_table(self) -> pa.Table:
         """The input_ids and loss_mask columns as one pyarrow Table (indices mapping applied)."""
@@ -144,6 +144,12 @@ def load_samples(
 
     if cfg.is_stdlib:
         from harness.data.corpus_cache import stdlib_samples
+
+        if cfg.split is not None:
+            raise DataValidationError(
+                f"data.split={cfg.split!r} applies only to a DatasetDict written by save_to_disk, not to "
+                "data.source='stdlib'; set data.split to null"
+            )
 
         build = stdlib_samples(cfg, progress=progress, root=corpus_root, files=corpus_files)
         dataset = datasets.load_from_disk(str(build.path))

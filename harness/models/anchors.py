@@ -209,7 +209,10 @@ def build_block_layout(
 ) -> BlockLayout:
     """Lay out one block per anchor; ``anchors[d]`` holds in-document positions of document ``d``.
 
-    Every anchor must leave at least one label inside its document (``0 <= a <= length - 2``).
+    Every anchor must leave at least one label inside its document (``0 <= a <= length - 2``): given
+    anchors (tests, checks) may put a block partly past the document end, whose labels there do not
+    count. Drawn anchors (:func:`sample_anchors`, :func:`~harness.models.drafter_inputs.document_anchors`)
+    keep the whole block inside (``a <= length - B``).
     With ``blocks_per_document`` each document is padded with unused blocks (``keep`` False) up to
     that many blocks, as trainers with fixed shapes do; it must be at least the largest anchor count.
     """

@@ -10,11 +10,15 @@ neighbours) and any world size. The rule is SpecForge's (DESIGN.md §4, §9): an
 :meth:`DrafterInputs.build` turns a CPU :class:`~harness.models.layout.TokenBatch` into the block
 layout, block input ids, labels, loss weights and their sum ``Σw`` (a host float, for a trainer that
 all-reduces it before backward), and per-document slices (host ints) for the dense attention path.
-It bounds the drafter's memory with ``max_blocks``: when a micro-batch holds more candidate blocks,
-the ``max_blocks`` with the smallest keys (the uniform draws of :func:`document_anchors`) over the
-whole micro-batch are kept. That is a uniform sample of the micro-batch's drawn blocks: every drawn
-block has the same chance, so documents keep blocks in proportion to their anchors (fair across
-documents, not first come first served), and when the cap does not bind nothing changes.
+It bounds the drafter's memory with ``max_blocks``: when a micro-batch holds more drawn blocks, the
+``max_blocks`` with the smallest keys (the uniform draws of :func:`document_anchors`) over the whole
+micro-batch are kept. Every candidate position has one uniform key, a document draws its
+``num_anchors`` smallest, and the cap keeps the smallest of those: the kept blocks are a uniform
+sample of the micro-batch's candidate positions (each equally likely, within the per-document
+``num_anchors`` cap), so documents keep blocks in proportion to their candidates rather than first
+come first served. When the cap does not bind nothing changes: the anchors stay a function of the
+sample alone. When it binds, which blocks a document keeps depends on its neighbours (unavoidable for
+a cap per micro-batch); ``num_blocks_capped`` counts what was dropped.
 
 :meth:`DrafterInputs.to` moves it with one ``non_blocking`` copy per tensor, with no check and no
 read back; :meth:`DrafterInputs.pin_memory` pins it (a DataLoader with ``pin_memory=True`` calls it).

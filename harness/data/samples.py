@@ -66,6 +66,7 @@ class TokenizedSamples:
     tokenizer_path: str | None = None
     vocab_size: int | None = None
     _table: pa.Table | None = field(default=None, init=False, repr=False, compare=False)
+    _readers: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.lengths.size)
@@ -75,9 +76,11 @@ class TokenizedSamples:
         return self.samples([index])[0]
 
     def samples(self, indices: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Rows ``indices`` in order, with one Arrow ``take``; each as ``(input_ids int64, loss_mask
-        bool)``. Safe to call in forked or spawned DataLoader workers (the object pickles by file
-        path, not by content)."""
+        """Rows ``indices`` in order, each as ``(input_ids int64, loss_mask bool)``.
+
+        Rows are read straight from the Arrow buffers through their list offsets (no gather of the
+        column, which for a many-chunk memory-mapped dataset would copy it whole). Safe to call in
+        forked or spawned DataLoader workers (the object pickles by file path, not by content)."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.ndim != 1:
             raise ValueError(f"indices must be 1-D, got shape {idx.shape}")
@@ -86,17 +89,15 @@ class TokenizedSamples:
             bad = int(idx[(idx < -n) | (idx >= n)][0])
             raise IndexError(f"row {bad} out of range for {n} samples")
         idx = np.where(idx < 0, idx + n, idx)
-        taken = self._arrow_table().take(pa.array(idx))
-        ids_offsets, ids_values = _flat(taken.column("input_ids"))
-        mask_offsets, mask_values = _flat(taken.column("loss_mask"))
-        # Fresh writable arrays (Arrow's zero-copy views are read-only); rows are views into them.
-        ids_values = ids_values.astype(np.int64)
-        mask_values = mask_values != 0
-        return [
-            (ids_values[ids_offsets[row] : ids_offsets[row + 1]],
-             mask_values[mask_offsets[row] : mask_offsets[row + 1]])
-            for row in range(idx.size)
-        ]
+        if self._readers is None:
+            table = self._arrow_table()
+            self._readers = (_RowReader(table.column("input_ids")), _RowReader(table.column("loss_mask")))
+        ids_reader, mask_reader = self._readers
+        out = []
+        for row in idx.tolist():
+            # Fresh writable arrays (views of Arrow buffers are read-only, and may be memory-mapped).
+            out.append((ids_reader.row(row).astype(np.int64), mask_reader.row(row) != 0))
+        return out
 
     def _arrow_table(self) -> pa.Table:
         """The input_ids and loss_mask columns as one pyarrow Table (indices mapping applied)."""
@@ -117,6 +118,7 @@ class TokenizedSamples:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_table"] = None  # rebuilt lazily; the dataset itself pickles by file path
+        state["_readers"] = None
         return state
 
 
@@ -312,6 +314,33 @@ def validate_samples(
 
 
 # -- helpers -------------------------------------------------------------------------------------
+class _RowReader:
+    """Random access to the rows of a list column: per-chunk offsets and values as numpy views
+    (zero copy; boolean values, bit-packed in Arrow, are read per row instead)."""
+
+    def __init__(self, column: pa.ChunkedArray):
+        self.chunks = [chunk for chunk in column.chunks if len(chunk)]
+        sizes = np.array([len(chunk) for chunk in self.chunks], dtype=np.int64)
+        self.starts = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self.starts[1:])
+        self.offsets: list[np.ndarray | None] = [None] * len(self.chunks)
+        self.values: list[np.ndarray | None] = [None] * len(self.chunks)
+        self.boolean = pa.types.is_boolean(column.type.value_type)
+
+    def row(self, index: int) -> np.ndarray:
+        chunk_id = int(np.searchsorted(self.starts, index, side="right")) - 1
+        local = index - int(self.starts[chunk_id])
+        chunk = self.chunks[chunk_id]
+        if self.boolean:
+            return chunk.slice(local, 1).flatten().to_numpy(zero_copy_only=False)
+        if self.values[chunk_id] is None:
+            offsets = chunk.offsets.to_numpy()
+            self.values[chunk_id] = chunk.values.to_numpy(zero_copy_only=False)
+            self.offsets[chunk_id] = offsets
+        offsets = self.offsets[chunk_id]
+        return self.values[chunk_id][offsets[local] : offsets[local + 1]]
+
+
 def _lengths(dataset) -> np.ndarray:
     column = dataset.with_format("arrow")["input_ids"]
     return _list_lengths(column)

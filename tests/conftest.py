@@ -17,3 +17,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- training runs
+import os  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def batchlab_cache(tmp_path_factory):
+    """One corpus/tokenizer cache for the whole session (the stdlib parse is built once)."""
+    cache = tmp_path_factory.mktemp("batchlab-cache")
+    previous = os.environ.get("BATCHLAB_CACHE")
+    os.environ["BATCHLAB_CACHE"] = str(cache)
+    yield cache
+    if previous is None:
+        os.environ.pop("BATCHLAB_CACHE", None)
+    else:
+        os.environ["BATCHLAB_CACHE"] = previous

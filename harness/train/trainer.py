@@ -16,6 +16,8 @@ W&B, the progress bar) goes through ``self.logger`` and ``self.env.is_main`` onl
 from __future__ import annotations
 
 import contextlib
+import inspect
+import json
 import math
 import os
 import random
@@ -41,7 +43,7 @@ from harness.train.batch import BatchCollator, RankMicroBatches, TrainingBatch, 
 from harness.train.config import RunConfig, run_config_from_dict
 from harness.train.distributed import Collectives, RankEnv
 from harness.train.grad_stats import BucketNorms, GradientNoise, flat_grad, summing_comm_hook
-from harness.train.metrics import JsonlSink, MetricLogger, WandbSink
+from harness.train.metrics import JsonlSink, MetricLogger, WandbSink, truncate_metrics
 from harness.train.schedule import TokenCosineSchedule
 from strategies import Budget, Plan, build_strategy
 from strategies.metrics import plan_metrics
@@ -120,6 +122,7 @@ class Trainer:
         self.dtype = torch.bfloat16 if trainer.precision == "bf16" else torch.float32
         self.state = TrainState()
         self.stop_requested = False
+        self._consumed_log_checked = False
         self._build_data()
         self._build_models()
         self._build_optimizer()
@@ -140,12 +143,18 @@ class Trainer:
         check = dict(vocab_size=vocab_size, block_size=drafter_cfg.block_size, no_anchor=cfg.data.no_anchor)
         self.train_report = validate_samples(self.samples, train_rows, **check)
         self.heldout_report = validate_samples(self.samples, heldout_rows, **check)
-        self.train_rows = self.train_report.kept
-        self.heldout_rows = self.heldout_report.kept
-        if self.train_rows.size == 0:
-            raise ValueError("no training sample is left after validation; see the counts above and data.no_anchor")
-        self.train_lengths = self.samples.lengths[self.train_rows]
         self.budget = Budget(cfg.trainer.max_tokens, cfg.trainer.max_samples)
+        # The oversize policy is applied once here, not by every epoch's plan: "drop" leaves the samples
+        # out (counted), "truncate" shortens them to the budget, "error" names the first one.
+        self.train_rows, self.oversize_dropped, self.oversize_truncated = self._apply_oversize(self.train_report.kept)
+        self.heldout_rows, _, _ = self._apply_oversize(self.heldout_report.kept)
+        if self.train_rows.size == 0:
+            raise ValueError(
+                f"no training sample is left after validation (dropped: {self.train_report.summary()}, "
+                f"{self.oversize_dropped} over trainer.max_tokens={self.budget.max_tokens}); raise max_tokens or "
+                "check the data source"
+            )
+        self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
         self.strategy = build_strategy(cfg.strategy_name, **cfg.strategy_options)
         self.fingerprint = ckpt.plan_fingerprint(
             lengths_sha256=ckpt.lengths_hash(self.train_lengths, self.train_rows),
@@ -155,20 +164,35 @@ class Trainer:
             grad_accum=cfg.trainer.grad_accum, seed=cfg.seed, block_size=drafter_cfg.block_size,
             num_anchors=drafter_cfg.num_anchors, max_blocks=drafter_cfg.max_blocks,
         )
-        first = self.plan_epoch(0)
-        self.epoch_tokens = int(first.lengths[first.kept_indices()].sum())
-        self.oversize_dropped, self.oversize_truncated = int(first.dropped.size), int(first.truncated.size)
+        self.epoch_tokens = int(self.train_lengths.sum())
         stop = cfg.trainer
         self.total_tokens = (stop.stop_tokens if stop.stop_tokens is not None
                              else int(math.ceil(stop.stop_epochs * self.epoch_tokens)))
         # the held-out set: one fixed padded plan, fixed anchors, the same for every strategy and seed
-        heldout_lengths = self.samples.lengths[self.heldout_rows]
+        heldout_lengths = np.minimum(self.samples.lengths[self.heldout_rows], self.budget.max_tokens)
         self.eval_plan = None
         if self.heldout_rows.size:
             self.eval_plan = build_strategy("sorted").plan(
                 heldout_lengths, self.budget, seed=cfg.data.heldout_seed, epoch=0, world_size=self.env.world_size,
-                grad_accum=1, oversize="truncate",
+                grad_accum=1,
             )
+
+    def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """(rows kept, how many dropped, how many truncated) under ``trainer.oversize``."""
+        over = self.samples.lengths[rows] > self.budget.max_tokens
+        policy = self.config.trainer.oversize
+        if not over.any():
+            return rows, 0, 0
+        if policy == "error":
+            first = int(rows[over][0])
+            raise ValueError(
+                f"sample {first} has {int(self.samples.lengths[first])} tokens, more than trainer.max_tokens="
+                f"{self.budget.max_tokens} ({int(over.sum())} such samples); raise trainer.max_tokens or set "
+                "trainer.oversize=drop (leave them out, counted) or trainer.oversize=truncate"
+            )
+        if policy == "drop":
+            return rows[~over], int(over.sum()), 0
+        return rows, 0, int(over.sum())
 
     def _build_models(self) -> None:
         cfg = self.config
@@ -189,9 +213,11 @@ class Trainer:
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
         self.bucket_norms = BucketNorms()
         if self.env.distributed:
+            # the drafter's only buffers are its fixed rotary frequencies: nothing to sync per forward
+            buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
+                DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
             self.objective = DistributedDataParallel(
-                self.objective, device_ids=[self.env.local_rank] if self.device.type == "cuda" else None,
-                broadcast_buffers=False)
+                self.objective, device_ids=[self.env.local_rank] if self.device.type == "cuda" else None, **buffers)
             self.objective.register_comm_hook(self.bucket_norms, summing_comm_hook)
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         collate = dict(block_size=drafter_cfg.block_size, num_anchors=drafter_cfg.num_anchors,
@@ -237,7 +263,7 @@ class Trainer:
         cfg = self.config
         return self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=epoch,
                                   world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
-                                  oversize=cfg.trainer.oversize, balance=cfg.balance)
+                                  balance=cfg.balance)
 
     def batch_generator(self, plan: Plan, start_step: int) -> Iterator[tuple[int, list[TrainingBatch], float]]:
         """This rank's ``(step, grad_accum micro-batches, data wait in seconds)`` from ``start_step`` on."""
@@ -510,7 +536,9 @@ class Trainer:
                 for batch in batches:
                     np.add.at(consumed, batch.sample_indices.numpy(), 1)
                     if consumed_log is not None:
-                        consumed_log.write(f"{state.epoch} {step} {' '.join(map(str, batch.sample_indices.tolist()))}\n")
+                        consumed_log.write(json.dumps({"step": state.global_step + 1, "epoch": state.epoch,
+                                                       "step_in_epoch": step,
+                                                       "rows": batch.sample_indices.tolist()}) + "\n")
                 state.global_step += 1
                 state.step_in_epoch = step + 1
                 state.tokens_seen += record["real_tokens"]
@@ -561,11 +589,19 @@ class Trainer:
         return bool(np.array_equal(counts, expected))
 
     def _consumed_log(self):
+        """``consumed/rank{r}.jsonl``: every micro-batch's dataset rows as this rank consumed them (tests)."""
         if not self.config.trainer.record_consumed:
             return None
         directory = self.run_dir / "consumed"
         directory.mkdir(parents=True, exist_ok=True)
-        return (directory / f"rank{self.env.rank}.txt").open("a")
+        path = directory / f"rank{self.env.rank}.jsonl"
+        if not self._consumed_log_checked:  # a resumed run rewrites what came after its checkpoint
+            self._consumed_log_checked = True
+            if self._resume_consumed is not None:
+                truncate_metrics(path, self.state.global_step)
+            elif path.exists():
+                path.unlink()
+        return path.open("a")
 
     def _plan_record(self, plan: Plan) -> dict[str, Any]:
         """The epoch's plan metrics (ACF of step mean length, recurrence, mix), logged with its first step."""
@@ -633,8 +669,6 @@ class Trainer:
 
 def _run_averages(path: Path) -> dict[str, Any]:
     """Means over the logged steps of what the report compares (rank 0 reads its own file)."""
-    import json
-
     if not path.exists():
         return {}
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,88 @@
+"""End-to-end runs of batchlab-train: the smoke experiment per strategy on 2 gloo ranks, and a sweep."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+from train_support import read_jsonl, train_cli
+
+from analysis.wandb_offline import read_offline_run
+from strategies import available_strategies
+
+STEP_KEYS = {
+    "tokens_seen", "loss", "loss_max_rank", "tokens_per_second", "rank_tokens_per_second", "padding_ratio", "tau",
+    "grad_diversity", "grad_noise_scale", "accuracy", "accuracy_per_position", "real_tokens", "computed_slots",
+    "drafter_block_efficiency", "time_data", "time_target", "time_drafter", "time_optimizer_comm", "lr",
+    "grad_norm", "step_mean_length", "step_length_std", "samples_per_step", "rank_imbalance", "peak_memory_mb",
+    "step", "epoch",
+}
+SUMMARY_KEYS = {"strategy", "seed", "tokens_seen", "tokens_per_second", "padding_ratio", "eval_loss", "eval_tau",
+                "samples_seen_once", "grad_diversity", "status"}
+
+
+@pytest.mark.parametrize("strategy", available_strategies())
+def test_smoke_experiment_on_two_ranks(strategy, tmp_path, batchlab_cache):
+    run_dir = tmp_path / "run"
+    result = train_cli(["experiment=smoke", f"strategy={strategy}", "trainer.record_consumed=true",
+                        "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert records, "no step logged"
+    for record in records:
+        missing = STEP_KEYS - set(record)
+        assert not missing, f"step {record.get('step')} lacks {sorted(missing)}"
+        assert len(record["rank_tokens_per_second"]) == 2
+    assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+    assert all(math.isfinite(r["loss"]) for r in records)
+    assert any(r["grad_diversity"] is not None and r["grad_diversity"] > 0 for r in records)
+    assert any("eval_loss" in r for r in records[:-1]), "no eval before the end (eval_every_tokens)"
+    assert "plan_acf" in records[0] and "plan_recurrence" in records[0]
+
+    summary = read_jsonl_one(run_dir / "summary.json")
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["strategy"] == strategy and summary["status"] == "complete"
+    assert summary["tokens_seen"] >= 40000 and summary["world_size"] == 2
+    assert summary["samples_seen_once"] is True and summary["epochs_exactly_once"] == [True]
+    assert math.isfinite(summary["eval_loss"]) and summary["eval_tau"] >= 1.0
+    assert (run_dir / "config.json").is_file()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == f"step-{len(records):08d}.pt"
+
+    # every training sample exactly once in the complete epoch, across both ranks (what the ranks consumed)
+    consumed = read_jsonl(run_dir / "consumed" / "rank0.jsonl") + read_jsonl(run_dir / "consumed" / "rank1.jsonl")
+    epoch0 = Counter(row for entry in consumed if entry["epoch"] == 0 for row in entry["rows"])
+    assert set(epoch0.values()) == {1}
+    assert len(epoch0) == summary["train_samples"]
+    epoch1 = Counter(row for entry in consumed if entry["epoch"] == 1 for row in entry["rows"])
+    assert max(epoch1.values()) == 1
+
+    # the offline W&B run holds the same config and history
+    wandb_run = read_offline_run(run_dir)
+    assert wandb_run.config["strategy"]["name"] == strategy
+    assert wandb_run.config["seed"] == 0 and wandb_run.config["group"] == "smoke"
+    logged = [h for h in wandb_run.history if "loss" in h]
+    assert [h["tokens_seen"] for h in logged] == [r["tokens_seen"] for r in records]
+    assert [h["loss"] for h in logged] == pytest.approx([r["loss"] for r in records], rel=1e-12)
+
+
+def read_jsonl_one(path):
+    import json
+
+    return json.loads(path.read_text())
+
+
+def test_multirun_runs_its_jobs_one_after_another(tmp_path, batchlab_cache):
+    sweep = tmp_path / "sweep"
+    result = train_cli(["-m", "experiment=smoke", "strategy=sorted,packed", "trainer.nproc=2",
+                        "trainer.stop_tokens=6000", "trainer.eval_every_tokens=3000", "logger=none",
+                        "trainer.progress=false", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    summaries = sorted(sweep.glob("*/summary.json"))
+    assert len(summaries) == 2
+    names = sorted(p.parent.name for p in summaries)
+    assert any("strategy=packed" in n for n in names) and any("strategy=sorted" in n for n in names)
+    for path in summaries:
+        summary = read_jsonl_one(path)
+        assert summary["status"] == "complete" and summary["world_size"] == 2
+        assert summary["strategy"] in path.parent.name

@@ -1,0 +1,32 @@
+"""Helpers of the training tests: compose the real configs, run batchlab-train, read its files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compose_config(overrides):
+    """The resolved config dict that `batchlab-train OVERRIDES` would run."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.train.config import register_schemas, resolved_dict
+
+    register_schemas()
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
+        return resolved_dict(compose("train", overrides=list(overrides)))
+
+
+def train_cli(args, cwd, timeout=300, env_extra=None):
+    """Run `batchlab-train ARGS` in a subprocess; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true", **(env_extra or {}))
+    env.pop("WANDB_MODE", None)
+    return subprocess.run([sys.executable, "-m", "harness.cli.train", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

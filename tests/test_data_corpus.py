@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from harness.data.config import DataConfig
-from harness.data.corpus import CodeDocument, build_corpus, corpus_files, extract_documents, module_name, select_documents
+from harness.data.corpus import (
+    CodeDocument,
+    build_corpus,
+    corpus_files,
+    extract_documents,
+    module_name,
+    select_documents,
+)
 from harness.data.corpus_cache import corpus_documents
 from harness.data.errors import DataValidationError
 from harness.data.samples import load_samples

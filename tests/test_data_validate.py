@@ -53,7 +53,8 @@ def test_id_out_of_vocabulary_names_row_position_value_and_fix():
 
 def test_mask_length_mismatch_names_row_and_both_lengths():
     samples = _samples([[1, 2, 3, 4], [1, 2, 3, 4], [5, 6]], masks=[[0, 1, 1, 1], [0, 1, 1], [0, 1]])
-    with pytest.raises(DataValidationError, match=r"row 1: loss_mask has 3 entries but input_ids has 4 tokens.*one loss_mask entry per token"):
+    pattern = r"row 1: loss_mask has 3 entries but input_ids has 4 tokens.*one loss_mask entry per token"
+    with pytest.raises(DataValidationError, match=pattern):
         _validate(samples)
 
 

@@ -26,7 +26,14 @@ import numpy as np
 
 from harness.data import cache
 from harness.data.config import DataConfig
-from harness.data.corpus import EXCLUDED_DIRS, CodeDocument, build_corpus, corpus_files, select_documents, stdlib_root
+from harness.data.corpus import (
+    EXCLUDED_DIRS,
+    CodeDocument,
+    build_corpus,
+    corpus_files,
+    select_documents,
+    stdlib_root,
+)
 
 # Bump when the corpus split, the tokenization or the cache layout changes.
 FORMAT_VERSION = 1

@@ -44,7 +44,7 @@ SCAN_WINDOW_TOKENS = 1 << 22
 SHOWN_ROWS = 5
 
 
-@dataclass
+@dataclass(eq=False)
 class TokenizedSamples:
     """Tokenized samples, memory-mapped.
 
@@ -206,7 +206,7 @@ def heldout_split(num_samples: int, cfg: DataConfig) -> tuple[np.ndarray, np.nda
     return train, heldout
 
 
-@dataclass
+@dataclass(eq=False)
 class ValidationReport:
     """Which of the checked rows a run can use.
 
@@ -251,7 +251,9 @@ def validate_samples(
     n = len(samples)
     where = samples.source
     if n == 0:
-        raise DataValidationError(f"{where}: the dataset is empty (0 rows); give a source with at least one sample")
+        raise DataValidationError(
+            f"{where}: the dataset is empty (0 rows); give a source with at least one sample"
+        )
     indices = np.asarray(indices)
     if indices.ndim != 1 or (indices.size and indices.dtype.kind not in "iu"):
         raise ValueError(f"indices must be a 1-D integer array, got shape {indices.shape} dtype {indices.dtype}")
@@ -351,15 +353,6 @@ def _list_lengths(column: pa.ChunkedArray) -> np.ndarray:
     return np.ascontiguousarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Rebased int64 offsets and the numpy values of a list column."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.flatten().to_numpy(zero_copy_only=False)
-    return offsets - offsets[0], values
-
-
 def _selected_rows(flags: pa.ChunkedArray, selected: np.ndarray) -> np.ndarray:
     return np.flatnonzero(flags.to_numpy(zero_copy_only=False) & selected)
 
@@ -367,7 +360,8 @@ def _selected_rows(flags: pa.ChunkedArray, selected: np.ndarray) -> np.ndarray:
 def _more(rows: np.ndarray) -> str:
     if rows.size <= 1:
         return ""
-    return f" (and {rows.size - 1} more row(s): {', '.join(str(int(r)) for r in rows[1:SHOWN_ROWS])}{' ...' if rows.size > SHOWN_ROWS else ''})"
+    shown = ", ".join(str(int(r)) for r in rows[1:SHOWN_ROWS])
+    return f" (and {rows.size - 1} more row(s): {shown}{' ...' if rows.size > SHOWN_ROWS else ''})"
 
 
 def _chunks(column: pa.ChunkedArray) -> Iterator[tuple[int, pa.Array]]:
@@ -379,7 +373,9 @@ def _chunks(column: pa.ChunkedArray) -> Iterator[tuple[int, pa.Array]]:
         row += len(chunk)
 
 
-def _check_values(column: pa.ChunkedArray, name: str, selected: np.ndarray, where: str, vocab_size: int | None) -> None:
+def _check_values(
+    column: pa.ChunkedArray, name: str, selected: np.ndarray, where: str, vocab_size: int | None
+) -> None:
     """No null values inside the lists; ids in ``[0, vocab_size)``; mask values 0/1."""
     for first_row, chunk in _chunks(column):
         values = chunk.flatten()

@@ -167,7 +167,9 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
         try:
             reader = pj.open_json(path)
         except pa.ArrowInvalid as err:
-            raise DataSourceError(f"{path}: not readable as JSON lines ({err}); expected one JSON object per line") from None
+            raise DataSourceError(
+                f"{path}: not readable as JSON lines ({err}); expected one JSON object per line"
+            ) from None
         schema = reader.schema
         _check_columns(path, schema, "line")
         batches = reader

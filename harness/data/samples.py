@@ -237,7 +237,7 @@ def validate_samples(
     """Check rows ``indices`` of ``samples`` for training with a drafter of ``block_size``.
 
     Raises:
-        DataValidationError: empty dataset or selection; null rows; an id outside
+        DataValidationError: empty dataset; null rows; an id outside
             ``[0, vocab_size)``; ``loss_mask`` and ``input_ids`` of different lengths; an empty
             sample; with ``no_anchor="error"``, rows with no anchor position. Each message names the
             row, the field and the fix.
@@ -258,11 +258,9 @@ def validate_samples(
     if indices.ndim != 1 or (indices.size and indices.dtype.kind not in "iu"):
         raise ValueError(f"indices must be a 1-D integer array, got shape {indices.shape} dtype {indices.dtype}")
     indices = indices.astype(np.int64, copy=False)
-    if indices.size == 0:
-        raise DataValidationError(
-            f"{where}: no rows selected for validation (0 indices); check the held-out split "
-            "(data.heldout_fraction / data.max_heldout) and the source size"
-        )
+    if indices.size == 0:  # e.g. an empty held-out set (heldout_fraction=0): nothing to check
+        empty = np.zeros(0, dtype=np.int64)
+        return ValidationReport(kept=empty, dropped_no_anchor=empty.copy())
     if indices.min() < 0 or indices.max() >= n:
         bad = int(indices[(indices < 0) | (indices >= n)][0])
         raise IndexError(f"row {bad} out of range for {n} samples")

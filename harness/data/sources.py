@@ -42,6 +42,7 @@ SUPPORTED = (
 )
 # Rows per record batch written into the cache (datasets writes 1000).
 WRITE_BATCH_ROWS = 1000
+JSON_BLOCK_BYTES = 64 << 20
 
 
 class DataSourceError(DataValidationError):
@@ -165,7 +166,8 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
         import pyarrow.json as pj
 
         try:
-            reader = pj.open_json(path)
+            # Blocks large enough for one very long sample per line (the default is 1 MiB).
+            reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=JSON_BLOCK_BYTES))
         except pa.ArrowInvalid as err:
             raise DataSourceError(
                 f"{path}: not readable as JSON lines ({err}); expected one JSON object per line"

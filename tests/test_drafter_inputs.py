@@ -411,3 +411,21 @@ def test_config_takes_the_memory_knobs():
         DrafterConfig(max_blocks=0)
     with pytest.raises(ValueError, match="loss_chunk_blocks must be at least 1"):
         DrafterConfig(loss_chunk_blocks=0)
+
+
+def test_batches_carry_their_host_token_id_range_and_edits_drop_it():
+    from harness.models.target import HybridTarget
+
+    target = HybridTarget("conf/target/tiny.yaml", tap_layer_ids=[0])
+    for layout in ("packed", "padded"):
+        batch = TokenBatch.from_documents([torch.tensor([5, 9, 2]), torch.tensor([7])], layout, pad_token_id=-100)
+        assert batch.token_id_range == (2, 9) and batch.to("cpu").token_id_range == (2, 9)
+        bad = TokenBatch.from_documents([torch.tensor([5, 300])], layout)
+        assert bad.token_id_range == (5, 300)
+        with pytest.raises(ValueError, match=r"input_ids\[0, 1\]=300 is not a token id"):
+            target(bad)  # the host range says out of vocabulary: the device check names the position
+        batch.input_ids = batch.input_ids.clone()
+        assert batch.token_id_range is None  # edited by hand: checked on the device again
+        batch.input_ids[0, 0] = 256
+        with pytest.raises(ValueError, match=r"input_ids\[0, 0\]=256 is not a token id"):
+            target(batch)

@@ -30,6 +30,9 @@ class TokenBatch:
     # device move): models use it instead of reading the device tensor back (a sync on CUDA).
     # Assigning a new ``cu_seqlens`` drops it, so a batch edited by hand is checked again.
     cu_seqlens_host: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    # (smallest, largest) real token id, found on the host when the batch is built: lets a model check
+    # its vocabulary without reading input_ids back. Assigning new input_ids or attention_mask drops it.
+    token_id_range: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -58,8 +61,11 @@ class TokenBatch:
             raise ValueError("cu_seqlens_host is for packed batches only (with cu_seqlens)")
 
     def __setattr__(self, name: str, value: Any) -> None:
+        # Host summaries describe the tensors they were built from: a new tensor drops them.
         if name == "cu_seqlens" and getattr(self, "cu_seqlens_host", None) is not None:
-            object.__setattr__(self, "cu_seqlens_host", None)  # the host copy described the old tensor
+            object.__setattr__(self, "cu_seqlens_host", None)
+        if name in ("input_ids", "attention_mask", "cu_seqlens") and getattr(self, "token_id_range", None) is not None:
+            object.__setattr__(self, "token_id_range", None)
         object.__setattr__(self, name, value)
 
     @property
@@ -85,6 +91,7 @@ class TokenBatch:
             value = getattr(self, name)
             object.__setattr__(batch, name, None if value is None else move(value))
         object.__setattr__(batch, "cu_seqlens_host", self.cu_seqlens_host)
+        object.__setattr__(batch, "token_id_range", self.token_id_range)
         return batch
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> TokenBatch:
@@ -119,6 +126,9 @@ class TokenBatch:
                     f"loss mask of document {i} has length {mask.numel()} but the document has {doc.numel()} tokens"
                 )
         lengths = [doc.numel() for doc in documents]
+        token_id_range = None
+        if all(doc.device.type == "cpu" for doc in documents):  # free on the host; never a device read
+            token_id_range = (min(int(doc.min()) for doc in documents), max(int(doc.max()) for doc in documents))
         if layout == "packed":
             cu = torch.zeros(len(documents) + 1, dtype=torch.int32)
             cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
@@ -128,6 +138,7 @@ class TokenBatch:
                 loss_mask=torch.cat(list(loss_masks)).to(torch.int64)[None],
                 cu_seqlens=cu,
                 cu_seqlens_host=tuple(int(x) for x in cu.tolist()),
+                token_id_range=token_id_range,
             )
         if layout != "padded":
             raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
@@ -140,7 +151,8 @@ class TokenBatch:
             attention_mask[row, : doc.numel()] = 1
             loss_mask[row, : doc.numel()] = mask
         position_ids = torch.arange(width).expand(len(documents), width).clone()
-        return TokenBatch(input_ids, position_ids, loss_mask, attention_mask=attention_mask)
+        return TokenBatch(input_ids, position_ids, loss_mask, attention_mask=attention_mask,
+                          token_id_range=token_id_range)
 
 
 def _can_pin() -> bool:

@@ -314,8 +314,9 @@ class HybridTarget(nn.Module):
         attention_mask = None
         if not packed:
             attention_mask = batch.attention_mask
-            if not bool(attention_mask.bool().all()):
-                padding_mask = attention_mask.to(self.dtype)
+            # Always applied (times 1 is exact where there is no padding): asking whether the batch has
+            # padding would read the mask back to the host.
+            padding_mask = attention_mask.to(self.dtype)
         linear_cu_seqlens = None if self.leak_across_documents else cu_seqlens
 
         hidden = self.model.embed_tokens(input_ids)
@@ -346,6 +347,10 @@ class HybridTarget(nn.Module):
         """Token ids with pads replaced by 0; raise on a real token id outside the vocabulary."""
         input_ids = batch.input_ids
         real = None if batch.attention_mask is None else batch.attention_mask.bool()
+        known = batch.token_id_range
+        if known is not None and 0 <= known[0] and known[1] < self.config.vocab_size:
+            # ids checked on the host when the batch was built: nothing to read back
+            return input_ids if real is None else input_ids.masked_fill(~real, 0)
         bad = (input_ids < 0) | (input_ids >= self.config.vocab_size)
         if real is not None:
             bad &= real

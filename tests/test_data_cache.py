@@ -58,6 +58,10 @@ def test_second_load_hits_the_cache(tree: Path, tmp_path: Path, spies):
     entry = Path(first.tokenizer_path).parent
     assert entry.name == f"stdlib-{first.fingerprint}"
     assert {"meta.json", "tokenizer.json", "state.json"} <= {p.name for p in entry.iterdir()}
+    # the entry is a plain save_to_disk dataset: the planning tools read its lengths directly
+    from harness.data.lengths import load_lengths
+
+    assert load_lengths(entry).tolist() == first.lengths.tolist()
 
 
 def test_changing_options_or_files_rebuilds(tree: Path, tmp_path: Path, spies):

@@ -232,8 +232,10 @@ class DrafterInputs:
         targets = block_targets(documents, layout)
         decay = slot_decay(layout.block_size, loss_decay_gamma, layout.anchor.device)
         weights = targets.valid.to(torch.float32) * decay
-        if documents_without_anchor is None:
-            documents_without_anchor = int((layout.blocks_per_document == 0).sum())
+        if documents_without_anchor is None:  # documents whose blocks (if any) are all padding
+            kept_per_document = torch.zeros_like(layout.blocks_per_document).index_add_(
+                0, layout.doc_index, layout.keep.long())
+            documents_without_anchor = int((kept_per_document == 0).sum())
         return DrafterInputs(
             documents=documents,
             layout=layout,

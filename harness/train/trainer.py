@@ -475,7 +475,10 @@ class Trainer:
         }
 
     def save(self, consumed: np.ndarray) -> None:
-        state = self.checkpoint_state(consumed)  # every rank holds the same drafter and optimizer state
+        # every rank holds the same drafter and optimizer state; the consumed counts are summed over ranks
+        # (a resumed run gives them to rank 0, so the sum over ranks is the same again)
+        everyone = self.comm.all_reduce_sum(torch.from_numpy(consumed.copy())).numpy()
+        state = self.checkpoint_state(everyone)
         if self.env.is_main:
             ckpt.save_checkpoint(self.run_dir, self.state.global_step, state, self.config.trainer.keep_checkpoints)
         self.comm.barrier()
@@ -493,7 +496,7 @@ class Trainer:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.noise.load_state_dict(saved["noise"])
         self.state = TrainState(**saved["state"])
-        self._resume_consumed = saved["consumed"]
+        self._resume_consumed = saved["consumed"] if self.env.is_main else np.zeros_like(saved["consumed"])
         torch.set_rng_state(saved["rng"]["torch"])
         np.random.set_state(saved["rng"]["numpy"])
         random.setstate(saved["rng"]["python"])
@@ -539,6 +542,8 @@ class Trainer:
                         consumed_log.write(json.dumps({"step": state.global_step + 1, "epoch": state.epoch,
                                                        "step_in_epoch": step,
                                                        "rows": batch.sample_indices.tolist()}) + "\n")
+                if consumed_log is not None:
+                    consumed_log.flush()  # a killed run keeps what it consumed up to its last step
                 state.global_step += 1
                 state.step_in_epoch = step + 1
                 state.tokens_seen += record["real_tokens"]

@@ -429,3 +429,22 @@ def test_batches_carry_their_host_token_id_range_and_edits_drop_it():
         batch.input_ids[0, 0] = 256
         with pytest.raises(ValueError, match=r"input_ids\[0, 0\]=256 is not a token id"):
             target(batch)
+
+
+def test_chunked_loss_in_bfloat16_stays_close_to_the_unchunked_one():
+    torch.manual_seed(0)
+    head = nn.Linear(32, 300, bias=False).to(torch.bfloat16)
+    hidden = torch.randn(20, 3, 32, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 300, (20, 3))
+    valid = torch.ones(20, 3, dtype=torch.bool)
+    keep = torch.ones(20, dtype=torch.bool)
+    from harness.models.drafter_loss import slot_decay
+
+    weights = valid.float() * slot_decay(4, 3.0)
+    reference = drafter_loss(head(hidden), labels, valid, keep, 3.0)
+    (ref_grad,) = torch.autograd.grad(reference.weighted_ce_sum, [hidden])
+    got = chunked_drafter_loss(hidden, head, labels, weights, valid, keep, 7)
+    (grad,) = torch.autograd.grad(got.weighted_ce_sum, [hidden])
+    assert got.weighted_ce_sum.dtype == torch.float32 and grad.dtype == torch.bfloat16
+    assert relative(got.weighted_ce_sum, reference.weighted_ce_sum) <= 1e-5  # the same bf16 logits, CE in fp32
+    assert relative(grad, ref_grad) <= 1e-2

@@ -1,0 +1,198 @@
+"""The optimizer step: global loss normalisation, empty micro-batches, non-finite stops, W&B failures, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from train_support import compose_config, read_jsonl
+
+from harness.data.config import DataConfig
+from harness.data.samples import load_samples
+from harness.models.drafter import DFlashDrafter
+from harness.train.batch import BatchCollator
+from harness.train.checkpoint import checkpoint_paths
+from harness.train.trainer import NonFiniteLoss, run
+from strategies import Budget, available_strategies, build_strategy
+
+IN_PROCESS = ["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false"]
+
+
+def _write_jsonl(path, samples):
+    with path.open("w") as handle:
+        for ids, mask in samples:
+            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+    return path
+
+
+def _random_samples(count, low, high, vocab, seed, mask_first=True):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        length = int(rng.integers(low, high + 1))
+        ids = rng.integers(2, vocab, size=length).tolist()
+        mask = [0] * 3 + [1] * (length - 3) if mask_first else [1] * length
+        samples.append((ids, mask))
+    return samples
+
+
+def _data_overrides(path, heldout_fraction=0.1):
+    return [f"data.source={path}", "data.max_documents=null", "data.vocab_size=300",
+            f"data.heldout_fraction={heldout_fraction}", "data.max_heldout=4"]
+
+
+def test_same_samples_in_one_step_give_the_same_gradient_under_every_strategy(tmp_path, batchlab_cache):
+    """Each strategy groups (and lays out) the same 12 samples into the micro-batches of one step in its own way."""
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(14, 12, 60, 300, seed=1))
+    first_steps = {}
+    for strategy in available_strategies():
+        config = compose_config([*IN_PROCESS, *_data_overrides(data), f"strategy={strategy}",
+                                 "trainer.max_tokens=128", "trainer.grad_accum=16", "trainer.stop_tokens=1"])
+        run(config, tmp_path / strategy)
+        first_steps[strategy] = read_jsonl(tmp_path / strategy / "metrics.jsonl")[0]
+    reference = first_steps["shuffle"]
+    assert reference["samples_per_step"] == 12  # the whole training split in one step
+    for strategy, record in first_steps.items():
+        assert record["samples_per_step"] == 12
+        assert record["loss"] == pytest.approx(reference["loss"], rel=1e-5), strategy
+        assert record["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5), strategy
+    # the groupings really differ (otherwise the test proves nothing)
+    assert len({r["computed_slots"] for r in first_steps.values()}) > 1
+
+
+def test_one_rank_four_micro_batches_equals_two_ranks_two(tmp_path, batchlab_cache):
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(40, 10, 80, 300, seed=2))
+    common = [*_data_overrides(data), "logger=none", "trainer.progress=false", "trainer.num_workers=0",
+              "strategy=sorted", "trainer.max_tokens=160", "trainer.stop_tokens=3000", "trainer.grad_stats_every=1"]
+    run(compose_config([*common, "trainer.nproc=1", "trainer.grad_accum=4"]), tmp_path / "one")
+    run(compose_config([*common, "trainer.nproc=2", "trainer.grad_accum=2"]), tmp_path / "two")
+    one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
+    assert len(one) == len(two) >= 3
+    for a, b in zip(one, two):
+        assert a["real_tokens"] == b["real_tokens"] and a["samples_per_step"] == b["samples_per_step"]
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4), a["step"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
+    # DDP's division by world size is undone: the first gradient (same weights) matches to fp32 precision
+    assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
+    # gradient diversity is measured from accumulation micro-batches (1 rank) and from ranks (2 ranks)
+    assert all(r["grad_diversity"] is not None and r["grad_diversity"] > 0 for r in one + two)
+
+
+def test_empty_micro_batches_run_the_step(tmp_path, batchlab_cache):
+    """10 samples of length 8 at budget 8, world 4, accum 2: one sample a micro-batch, 8 a step, so the second
+    step has 2 samples and 6 empty micro-batches, and some rank has nothing at all."""
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(10, 8, 8, 300, seed=3, mask_first=False))
+    config = compose_config([*_data_overrides(data, heldout_fraction=0.0), "logger=none", "trainer.progress=false",
+                             "trainer.num_workers=0", "strategy=sorted", "trainer.max_tokens=8", "trainer.nproc=4",
+                             "trainer.grad_accum=2", "trainer.stop_epochs=1", "trainer.stop_tokens=null",
+                             "trainer.record_consumed=true"])
+    summary = run(config, tmp_path / "run")
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["samples_per_step"] for r in records] == [8, 2]
+    assert summary["samples_seen_once"] is True and summary["tokens_seen"] == 80
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
+    step2 = {rank: [len(e["rows"]) for e in read_jsonl(tmp_path / "run" / "consumed" / f"rank{rank}.jsonl")
+                    if e["step"] == 2] for rank in range(4)}
+    assert all(len(sizes) == 2 for sizes in step2.values())  # every rank ran both micro-batches of the step
+    assert sum(sizes.count(0) for sizes in step2.values()) == 6
+    assert any(sizes == [0, 0] for sizes in step2.values())  # a rank with no sample joined the collectives
+
+
+def test_non_finite_loss_stops_naming_step_and_samples(tmp_path, batchlab_cache, monkeypatch):
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(30, 10, 60, 300, seed=4))
+    original = DFlashDrafter.prepared_loss
+    calls = {"n": 0}
+
+    def poisoned(self, inputs, hidden):
+        result = original(self, inputs, hidden)
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 3:
+                result.weighted_ce_sum = result.weighted_ce_sum * float("nan")
+        return result
+
+    monkeypatch.setattr(DFlashDrafter, "prepared_loss", poisoned)
+    config = compose_config([*IN_PROCESS, *_data_overrides(data), "strategy=packed", "trainer.max_tokens=128",
+                             "trainer.checkpoint_every_steps=1", "trainer.stop_tokens=100000"])
+    with pytest.raises(NonFiniteLoss) as stopped:
+        run(config, tmp_path / "run")
+    message = str(stopped.value)
+    assert "step 3" in message and "rank 0 samples [[" in message
+    assert [p.name for p in checkpoint_paths(tmp_path / "run")] == ["step-00000001.pt", "step-00000002.pt"]
+
+
+def test_wandb_failing_mid_run_warns_once_and_training_goes_on(tmp_path, batchlab_cache, monkeypatch):
+    import wandb.sdk.wandb_run
+
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(30, 10, 60, 300, seed=5))
+    original = wandb.sdk.wandb_run.Run.log
+    calls = {"n": 0}
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            raise ConnectionError("W&B went away")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", flaky)
+    config = compose_config([*IN_PROCESS[:2], "trainer.progress=false", "logger=wandb", *_data_overrides(data),
+                             "strategy=packed", "trainer.max_tokens=128", "trainer.stop_tokens=2500"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = run(config, tmp_path / "run")
+    w_and_b = [w for w in caught if "W&B log failed" in str(w.message)]
+    assert len(w_and_b) == 1
+    assert summary["status"] == "complete"
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert records[-1]["tokens_seen"] == summary["tokens_seen"] >= 2500
+    assert calls["n"] == 3  # switched off after the failure
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"input_ids": [5, 9999, 7, 8, 9, 10, 11, 12, 13, 14]}, "9999"),
+    ({"input_ids": [5, 6, 7, 8, 9, 10, 11, 12, 13], "loss_mask": [1, 1]}, "loss_mask"),
+    ({"tokens": [5, 6, 7]}, "input_ids"),
+])
+def test_bad_input_is_named_before_training(tmp_path, batchlab_cache, bad, message):
+    rows = [{"input_ids": list(range(2, 40))} for _ in range(6)]
+    if "tokens" in bad:
+        rows = [bad] * 6
+    else:
+        rows[3] = bad
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = compose_config([*IN_PROCESS, *_data_overrides(path, heldout_fraction=0.0), "strategy=packed"])
+    with pytest.raises(ValueError, match=message):
+        run(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_samples_anchors_do_not_depend_on_its_neighbours(batchlab_cache):
+    """The collate draws anchors from (seed, epoch, sample index): same blocks under every strategy and world size."""
+    samples = load_samples(DataConfig(max_documents=60, vocab_size=300), progress=False)
+    collate = BatchCollator(samples, "padded", block_size=8, num_anchors=4, mask_token_id=300,
+                            loss_decay_gamma=4.0, max_blocks=None, anchor_seed=7)
+    rows = np.arange(len(samples))
+    lengths = np.minimum(samples.lengths, 512)
+    seen: dict[int, list] = {}
+    for strategy in available_strategies():
+        for world in (1, 3):
+            plan = build_strategy(strategy).plan(lengths, Budget(512), seed=0, epoch=2, world_size=world)
+            layout = "packed" if plan.layout == "packed" else "padded"
+            collate.layout = layout
+            for m in range(plan.num_micro_batches):
+                indices = plan.sample_indices[plan.micro_batch_offsets[m]:plan.micro_batch_offsets[m + 1]]
+                if indices.size == 0:
+                    continue
+                batch = collate(rows[indices], lengths[indices], epoch=2)
+                lay = batch.drafter.layout
+                for d, row in enumerate(batch.sample_indices.tolist()):
+                    anchors = lay.anchor[(lay.doc_index == d) & lay.keep].tolist()
+                    seen.setdefault(row, []).append(anchors)
+    assert len(seen) == len(samples)
+    assert all(all(a == draws[0] for a in draws) for draws in seen.values())
+    assert sum(len(draws[0]) > 0 for draws in seen.values()) > len(samples) // 2

@@ -1,0 +1,445 @@
+"""The report's seven figures (matplotlib; PNG and SVG), one colour, marker and line style per strategy.
+
+Colours are the Okabe–Ito palette (colour-blind safe); every strategy also has its own marker and
+line style so that the figures stay readable printed in grey. Stage times (figure 3) use grey shades
+with hatching, so that colour always means a strategy.
+
+1. :func:`frontier` — real tokens/s relative to ``sorted`` against measured gradient diversity and
+   against recurrence; one marker per strategy (mean), error bars = seed standard deviation, seeds
+   as small points.
+2. :func:`heldout` — held-out loss and τ against tokens seen and against training time, mean ± s.d.
+   over seeds at each evaluation.
+3. :func:`throughput` — padding % and real tokens/s per strategy, and the mean step-time split
+   (data, target, drafter, optimizer + communication).
+4. :func:`acf` — ACF of the step mean length against lag (plan of each epoch, mean over epochs and
+   seeds), with the ±1.96/√n noise band of white noise (n = steps of an epoch).
+5. :func:`streaks` — step mean length over the first steps of an epoch, one panel per strategy.
+6. :func:`grad_stats` — gradient diversity and noise scale over training (measured steps).
+7. :func:`train_loss` — training loss against tokens, every step as a point, with a running mean.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from analysis.load import order_strategies  # noqa: E402
+
+PALETTE = {
+    "sorted": "#0072B2",  # blue
+    "shuffle": "#D55E00",  # vermillion
+    "bucketed": "#009E73",  # green
+    "packed": "#CC79A7",  # reddish purple
+    "length_grouped": "#E69F00",  # orange
+}
+EXTRA_COLOURS = ["#56B4E9", "#000000", "#999933", "#882255", "#44AA99", "#117733"]
+MARKERS = {"sorted": "o", "shuffle": "s", "bucketed": "^", "packed": "D", "length_grouped": "v"}
+EXTRA_MARKERS = ["P", "X", "*", "h", "<", ">"]
+LINESTYLES = {"sorted": "-", "shuffle": "--", "bucketed": "-.", "packed": ":", "length_grouped": (0, (5, 1, 1, 1))}
+EXTRA_LINESTYLES = [(0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2)), "-", "--", "-."]
+STAGES = [("time_data", "data", "#f0f0f0", ""), ("time_target", "target forward", "#bdbdbd", "//"),
+          ("time_drafter", "drafter fwd+bwd", "#737373", ".."), ("time_optimizer_comm", "optimizer + comm", "#252525", "")]
+
+FIGURES = {
+    "frontier": "Trade-off frontier: throughput relative to sorted against gradient diversity and recurrence",
+    "heldout": "Held-out loss and τ against tokens seen and training time (mean ± s.d. over seeds)",
+    "throughput": "Padding, real tokens/s and the step-time split per strategy",
+    "acf": "Autocorrelation of the step mean length by lag, with the 95% white-noise band",
+    "streaks": "Step mean length over the first steps of an epoch",
+    "grad_stats": "Gradient diversity and noise scale over training",
+    "train_loss": "Training loss against tokens, every step, with a running mean",
+}
+
+STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "axes.grid": True,
+         "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.facecolor": "white", "axes.facecolor": "white",
+         "savefig.facecolor": "white", "lines.linewidth": 1.8, "svg.fonttype": "path"}
+
+
+class StrategyStyle:
+    """Colour, marker and line style of every strategy, fixed for the whole report."""
+
+    def __init__(self, strategies: Sequence[str]) -> None:
+        self.strategies = order_strategies(strategies)
+        extra = [s for s in self.strategies if s not in PALETTE]
+        self._colour = {**PALETTE, **{s: EXTRA_COLOURS[i % len(EXTRA_COLOURS)] for i, s in enumerate(extra)}}
+        self._marker = {**MARKERS, **{s: EXTRA_MARKERS[i % len(EXTRA_MARKERS)] for i, s in enumerate(extra)}}
+        self._line = {**LINESTYLES, **{s: EXTRA_LINESTYLES[i % len(EXTRA_LINESTYLES)] for i, s in enumerate(extra)}}
+
+    def colour(self, strategy: str) -> str:
+        return self._colour[strategy]
+
+    def marker(self, strategy: str) -> str:
+        return self._marker[strategy]
+
+    def line(self, strategy: str):
+        return self._line[strategy]
+
+    def colours(self) -> dict[str, str]:
+        return {s: self._colour[s] for s in self.strategies}
+
+
+def save_figure(fig: Figure, out_dir: Path, name: str) -> list[Path]:
+    """``name.png`` (150 dpi) and ``name.svg`` under ``out_dir``; closes the figure."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext, kwargs in (("png", {"dpi": 150}), ("svg", {})):
+        path = out_dir / f"{name}.{ext}"
+        fig.savefig(path, bbox_inches="tight", **kwargs)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#444444",
+            bbox={"facecolor": "white", "edgecolor": "#bbbbbb"})
+
+
+def _finite(values) -> np.ndarray:
+    array = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
+    return array[np.isfinite(array)]
+
+
+def _legend(fig: Figure, style: StrategyStyle, axes, ncol: int | None = None) -> None:
+    handles = [plt.Line2D([], [], color=style.colour(s), marker=style.marker(s), linestyle=style.line(s), label=s)
+               for s in style.strategies]
+    fig.legend(handles=handles, loc="lower center", ncol=ncol or len(handles), frameon=False,
+               bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+
+
+# ---------------------------------------------------------------- 1
+def frontier(per_run: pd.DataFrame, style: StrategyStyle) -> Figure:
+    reference = per_run.attrs.get("reference", "sorted")
+    kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
+    panels = [("grad_diversity", "measured gradient diversity (higher: more diverse steps)"),
+              ("recurrence", f"{kind}-level composition recurrence (epoch e → e+1)")]
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+        for ax, (column, label) in zip(axes, panels):
+            drawn = False
+            for strategy in style.strategies:
+                runs = per_run[per_run["strategy"] == strategy]
+                ok = runs[np.isfinite(runs[column]) & np.isfinite(runs["relative_throughput"])]
+                if ok.empty:
+                    continue
+                drawn = True
+                colour, marker = style.colour(strategy), style.marker(strategy)
+                ax.scatter(ok[column], ok["relative_throughput"], s=18, color=colour, marker=marker, alpha=0.45,
+                           linewidths=0)
+                x, y = ok[column].mean(), ok["relative_throughput"].mean()
+                xerr = ok[column].std(ddof=1) if len(ok) > 1 else 0.0
+                yerr = ok["relative_throughput"].std(ddof=1) if len(ok) > 1 else 0.0
+                ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colour, marker=marker, markersize=9, capsize=4,
+                            markeredgecolor="black", markeredgewidth=0.6, linewidth=1.2)
+                ax.annotate(strategy, (x, y), textcoords="offset points", xytext=(7, 6), fontsize=9)
+            ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+            ax.set(xlabel=label, ylabel=f"real tokens/s relative to {reference}")
+            if not drawn:
+                why = ("gradient diversity was not measured:\nit needs grad_accum > 1 or more than one rank"
+                       if column == "grad_diversity" else f"no {column} was logged")
+                _note(ax, why)
+        axes[0].set_title("Throughput vs gradient diversity")
+        axes[1].set_title("Throughput vs repeated batch composition")
+        _legend(fig, style, axes)
+    return fig
+
+
+# ---------------------------------------------------------------- 2
+def eval_points(steps: pd.DataFrame) -> pd.DataFrame:
+    """The evaluation rows of every run, numbered in order (``eval_index``)."""
+    evals = steps[np.isfinite(pd.to_numeric(steps.get("eval_loss", pd.Series(dtype=float)), errors="coerce"))]
+    evals = evals.sort_values(["run", "step"]).copy()
+    evals["eval_index"] = evals.groupby("run").cumcount()
+    return evals
+
+
+def heldout(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+    evals = eval_points(steps)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
+        for row, (metric, label) in enumerate((("eval_loss", "held-out loss"), ("eval_tau", "held-out τ (accepted length)"))):
+            for col, (x, xlabel) in enumerate((("tokens_seen", "tokens seen"),
+                                               ("train_time_s", "training time (s, summed step time)"))):
+                ax = axes[row, col]
+                for strategy in style.strategies:
+                    group = evals[evals["strategy"] == strategy]
+                    if group.empty or x not in group.columns:
+                        continue
+                    agg = group.groupby("eval_index").agg(x=(x, "mean"), y=(metric, "mean"), sd=(metric, "std"),
+                                                         n=(metric, "count"))
+                    agg = agg[agg["n"] == agg["n"].max()]  # evaluations every seed reached
+                    sd = agg["sd"].fillna(0.0)
+                    ax.plot(agg["x"], agg["y"], color=style.colour(strategy), marker=style.marker(strategy),
+                            linestyle=style.line(strategy), markersize=5)
+                    ax.fill_between(agg["x"], agg["y"] - sd, agg["y"] + sd, color=style.colour(strategy), alpha=0.15,
+                                    linewidth=0)
+                ax.set(xlabel=xlabel, ylabel=label)
+        axes[0, 0].set_title("against tokens seen (equal-token comparison)")
+        axes[0, 1].set_title("against training time")
+        _legend(fig, style, axes)
+    return fig
+
+
+# ---------------------------------------------------------------- 3
+def throughput(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+    names = style.strategies
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1, 1, 1.3]})
+        for ax, (column, label) in zip(axes[:2], (("padding_pct", "padding (% of computed slots)"),
+                                                 ("tokens_per_second", "real tokens/s"))):
+            for i, strategy in enumerate(names):
+                values = _finite(per_run.loc[per_run["strategy"] == strategy, column])
+                if not values.size:
+                    continue
+                sd = values.std(ddof=1) if values.size > 1 else 0.0
+                ax.bar(i, values.mean(), yerr=sd, color=style.colour(strategy), edgecolor="black", linewidth=0.6,
+                       capsize=4, width=0.7)
+                ax.scatter(np.full(values.size, i) + np.linspace(-0.15, 0.15, values.size), values, s=14,
+                           color="black", zorder=3, marker=style.marker(strategy))
+            ax.set_xticks(range(len(names)), names, rotation=20)
+            ax.set_ylabel(label)
+            ax.grid(axis="x", visible=False)
+        axes[0].set_title("Padding")
+        axes[1].set_title("Throughput (mean ± s.d. over seeds)")
+        ax = axes[2]
+        present = [s for s in STAGES if s[0] in steps.columns]
+        if not present:
+            _note(ax, "no step-time split was logged")
+        left = np.zeros(len(names))
+        for column, label, shade, hatch in present:
+            means = np.array([float(np.nanmean(_finite(steps.loc[steps["strategy"] == s, column]))
+                                    if _finite(steps.loc[steps["strategy"] == s, column]).size else 0.0) * 1000
+                              for s in names])
+            ax.barh(range(len(names)), means, left=left, color=shade, hatch=hatch, edgecolor="black", linewidth=0.6,
+                    label=label)
+            left += means
+        ax.set_yticks(range(len(names)), names)
+        for tick, strategy in zip(ax.get_yticklabels(), names):
+            tick.set_color(style.colour(strategy))
+            tick.set_fontweight("bold")
+        ax.invert_yaxis()
+        ax.set(xlabel="mean time per optimizer step (ms)", title="Where a step's time goes")
+        ax.grid(axis="y", visible=False)
+        if present:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
+        fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- 4
+def autocorrelation(series: np.ndarray, lags: int) -> np.ndarray:
+    """``r_k = Σ (x_t − x̄)(x_{t+k} − x̄) / Σ (x_t − x̄)²`` for k = 1..lags (NaN where undefined)."""
+    x = np.asarray(series, dtype=float)
+    out = np.full(lags, np.nan)
+    if x.size < 2:
+        return out
+    d = x - x.mean()
+    denom = float((d * d).sum())
+    if denom == 0.0:
+        return out
+    for k in range(1, min(lags, x.size - 1) + 1):
+        out[k - 1] = float((d[:-k] * d[k:]).sum()) / denom
+    return out
+
+
+def acf_by_run(steps: pd.DataFrame, lags: int = 8) -> tuple[pd.DataFrame, int]:
+    """ACF per run and lag (mean over its epochs) and the shortest epoch (steps) behind it.
+
+    From the plan ACF logged on each epoch's first step (``plan_acf``); from the logged step mean
+    lengths of each epoch when no plan ACF was logged.
+    """
+    rows, lengths = [], []
+    for run, history in steps.groupby("run", sort=False):
+        strategy = history["strategy"].iloc[0]
+        series: list[np.ndarray] = []
+        if "plan_acf" in history.columns:
+            for value, n in zip(history["plan_acf"], history.get("plan_steps", pd.Series(np.nan, index=history.index))):
+                if isinstance(value, (list, tuple)) and value:
+                    series.append(np.array([np.nan if v is None else v for v in value], dtype=float))
+                    if np.isfinite(n):
+                        lengths.append(int(n))
+        if not series:
+            for _, epoch in history.groupby("epoch"):
+                series.append(autocorrelation(epoch["step_mean_length"].to_numpy(), lags))
+                lengths.append(len(epoch))
+        k = max(len(s) for s in series)
+        stacked = np.full((len(series), k), np.nan)
+        for i, s in enumerate(series):
+            stacked[i, :len(s)] = s
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # lags undefined in every epoch stay NaN
+            mean = np.nanmean(stacked, axis=0)
+        for lag, value in enumerate(mean, start=1):
+            rows.append({"run": run, "strategy": strategy, "lag": lag, "acf": float(value)})
+    return pd.DataFrame(rows, columns=["run", "strategy", "lag", "acf"]), (min(lengths) if lengths else 0)
+
+
+def acf(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+    frame, n_steps = acf_by_run(steps)
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(8, 4.6))
+        if n_steps > 0:
+            band = 1.96 / math.sqrt(n_steps)
+            ax.axhspan(-band, band, color="grey", alpha=0.18, label=f"white-noise band ±1.96/√{n_steps}")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        offsets = np.linspace(-0.15, 0.15, max(len(style.strategies), 1))
+        for offset, strategy in zip(offsets, style.strategies):
+            group = frame[frame["strategy"] == strategy].groupby("lag")["acf"].agg(["mean", "std", "count"])
+            group = group[np.isfinite(group["mean"])]
+            if group.empty:
+                continue
+            ax.errorbar(group.index + offset, group["mean"], yerr=group["std"].fillna(0.0), color=style.colour(strategy),
+                        marker=style.marker(strategy), linestyle=style.line(strategy), capsize=3, label=strategy)
+        if frame.empty or not np.isfinite(frame["acf"]).any():
+            _note(ax, "the ACF is undefined: too few steps per epoch")
+        ax.set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length",
+               title="Batch-length autocorrelation (mean over epochs; bars: s.d. over seeds)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- 5
+def streaks(steps: pd.DataFrame, style: StrategyStyle, first_steps: int = 40) -> Figure:
+    names = style.strategies
+    cols = min(len(names), 3) or 1
+    rows = math.ceil(len(names) / cols) or 1
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True, squeeze=False)
+        for ax in axes.flat[len(names):]:
+            ax.set_visible(False)
+        for ax, strategy in zip(axes.flat, names):
+            group = steps[steps["strategy"] == strategy]
+            epoch = int(group["epoch"].min()) if len(group) else 0
+            for i, (seed, history) in enumerate(group.groupby("seed")):
+                part = history[history["epoch"] == epoch].sort_values("step_in_epoch").head(first_steps)
+                ax.plot(part["step_in_epoch"], part["step_mean_length"], color=style.colour(strategy),
+                        linestyle=style.line(strategy), marker=style.marker(strategy), markersize=3,
+                        alpha=1.0 if i == 0 else 0.45, linewidth=1.5 if i == 0 else 1.0, label=f"seed {seed}")
+            if len(group) and "samples_per_step" in group.columns:
+                mean_length = group["real_tokens"].sum() / max(group["samples_per_step"].sum(), 1)
+                ax.axhline(mean_length, color="black", linewidth=0.8, linestyle="--")
+            ax.set_title(f"{strategy} (epoch {epoch})", color=style.colour(strategy), fontweight="bold")
+            ax.set_xlabel("step of the epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for ax in axes[:, 0]:
+            ax.set_ylabel("mean sample length of the step")
+        fig.suptitle("How streaky each strategy is (dashed: mean sample length; bold: first seed)", fontsize=11)
+        fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- 6
+def _grid_mean(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and s.d. of curves interpolated onto the x range every curve covers."""
+    curves = [(x, y) for x, y in curves if x.size]
+    if not curves:
+        return np.array([]), np.array([]), np.array([])
+    lo = max(float(x.min()) for x, _ in curves)
+    hi = min(float(x.max()) for x, _ in curves)
+    if hi < lo:
+        return np.array([]), np.array([]), np.array([])
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    values = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, values.mean(axis=0), values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(grid.size)
+
+
+def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+        measured = steps
+        if "grad_stats_measured" in steps.columns:
+            measured = steps[steps["grad_stats_measured"].fillna(False).astype(bool)]
+        for ax, (column, label) in zip(axes, (("grad_diversity", "gradient diversity"),
+                                             ("grad_noise_scale", "gradient noise scale (tokens-weighted B_simple)"))):
+            drawn = False
+            for strategy in style.strategies:
+                curves = []
+                for _, history in measured[measured["strategy"] == strategy].groupby("run"):
+                    if column not in history.columns:
+                        continue
+                    ok = history[np.isfinite(pd.to_numeric(history[column], errors="coerce"))]
+                    if ok.empty:
+                        continue
+                    x, y = ok["tokens_seen"].to_numpy(float), ok[column].to_numpy(float)
+                    ax.plot(x, y, color=style.colour(strategy), linewidth=0.7, alpha=0.35, marker=style.marker(strategy),
+                            markersize=2.5)
+                    curves.append((x, y))
+                grid, mean, sd = _grid_mean(curves)
+                if grid.size:
+                    drawn = True
+                    ax.plot(grid, mean, color=style.colour(strategy), linestyle=style.line(strategy), linewidth=2)
+                    ax.fill_between(grid, mean - sd, mean + sd, color=style.colour(strategy), alpha=0.12, linewidth=0)
+            ax.set(xlabel="tokens seen", ylabel=label)
+            if column == "grad_noise_scale" and drawn:
+                ax.set_yscale("symlog", linthresh=100.0)  # the estimate spikes (and may dip below 0) early on
+            if not drawn:
+                _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
+        axes[0].set_title("Gradient diversity (thin: seeds; thick: mean)")
+        axes[1].set_title("Gradient noise scale")
+        _legend(fig, style, axes)
+    return fig
+
+
+# ---------------------------------------------------------------- 7
+def train_loss(steps: pd.DataFrame, style: StrategyStyle, window: int = 7) -> Figure:
+    names = style.strategies
+    cols = min(len(names) + 1, 3)
+    rows = math.ceil((len(names) + 1) / cols)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.3 * rows), sharex=True, sharey=True, squeeze=False)
+        for ax in axes.flat[len(names) + 1:]:
+            ax.set_visible(False)
+        overlay = axes.flat[len(names)]
+        for ax, strategy in zip(axes.flat, names):
+            group = steps[steps["strategy"] == strategy]
+            ax.scatter(group["tokens_seen"], group["loss"], s=7, color=style.colour(strategy),
+                       marker=style.marker(strategy), alpha=0.5, linewidths=0)
+            curves = []
+            for _, history in group.groupby("run"):
+                history = history.sort_values("step")
+                smooth = history["loss"].rolling(window, min_periods=1, center=True).mean()
+                curves.append((history["tokens_seen"].to_numpy(float), smooth.to_numpy(float)))
+            grid, mean, _ = _grid_mean(curves)
+            for target in (ax, overlay):
+                if grid.size:
+                    target.plot(grid, mean, color=style.colour(strategy), linestyle=style.line(strategy), linewidth=2,
+                                label=strategy)
+            ax.set_title(strategy, color=style.colour(strategy), fontweight="bold")
+        overlay.set_title(f"running means ({window} steps), all strategies")
+        overlay.legend(fontsize=8)
+        for index, ax in enumerate(axes.flat[:len(names) + 1]):
+            below = index + cols
+            if below >= len(names) + 1:  # nothing visible below: this panel carries the x axis
+                ax.set_xlabel("tokens seen")
+                ax.tick_params(labelbottom=True)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("training loss")
+        fig.suptitle("Training loss per step (points: every step of every seed)", fontsize=11)
+        fig.tight_layout()
+    return fig
+
+
+def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle) -> dict[str, Figure]:
+    return {
+        "frontier": frontier(per_run, style),
+        "heldout": heldout(steps, style),
+        "throughput": throughput(per_run, steps, style),
+        "acf": acf(steps, style),
+        "streaks": streaks(steps, style),
+        "grad_stats": grad_stats(steps, style),
+        "train_loss": train_loss(steps, style),
+    }

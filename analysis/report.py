@@ -1,0 +1,248 @@
+"""The sweep report: figures, tables, sentences → ``report.md`` and a self-contained ``report.html``.
+
+:func:`build_report` takes a loaded :class:`~analysis.load.Sweep` and writes into ``out_dir``:
+``figures/<name>.png`` and ``.svg`` (the seven figures of :mod:`analysis.figures`), ``runs.csv``
+(per-run numbers), ``strategies.csv`` (the per-strategy table, means and standard deviations),
+``comparisons.csv`` (the paired tests), ``excluded.csv`` (runs left out), ``report.md`` and
+``report.html`` (figures embedded as base64 PNG, no external file needed).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import figures as figs
+from analysis.compare import (
+    MIN_SEEDS,
+    TABLE_COLUMNS,
+    Comparison,
+    compare_final,
+    comparison_sentences,
+    comparisons_frame,
+    format_table,
+    run_metrics,
+    strategy_table,
+    summary_sentences,
+)
+from analysis.load import Sweep
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    per_run: pd.DataFrame
+    table: pd.DataFrame
+    comparisons: list[Comparison]
+    sentences: list[str]
+    figures: dict[str, list[Path]] = field(default_factory=dict)
+    markdown: Path | None = None
+    html: Path | None = None
+
+
+def sweep_facts(sweep: Sweep, per_run: pd.DataFrame) -> list[tuple[str, str]]:
+    """What was compared: the lines of the report's "Sweep" section."""
+    runs = sweep.runs
+    first = runs.iloc[0]
+
+    def column(name: str, default: Any = "—") -> Any:
+        return first[name] if name in runs.columns and not _missing(first[name]) else default
+
+    seeds = sweep.seeds
+    epochs = per_run["epochs"]
+    facts = [
+        ("sweep", ", ".join(sweep.sources)),
+        ("strategies", ", ".join(sweep.strategies)),
+        ("seeds", f"{len(seeds)} ({', '.join(map(str, seeds))})"),
+        ("complete runs", f"{len(runs)}" + (f"; {len(sweep.excluded)} left out (below)" if len(sweep.excluded) else "")),
+        ("tokens per run", f"{int(column('stop_tokens', 0)):,} training tokens (stop), "
+                           f"{per_run['tokens_seen'].mean():,.0f} seen on average"),
+        ("epochs", f"{epochs.min():.2f}–{epochs.max():.2f} (epoch = {int(column('epoch_tokens', 0)):,} tokens)"),
+        ("budget", f"max_tokens {int(column('max_tokens', 0))} per micro-batch, {column('world_size', 1)} rank(s) × "
+                   f"{column('grad_accum', 1)} accumulation micro-batch(es) per step"),
+        ("data", f"{column('data.source')} (max_documents {column('data.max_documents')}, "
+                 f"{column('train_samples')} training / {column('heldout_samples')} held-out samples), "
+                 f"fingerprint {str(column('data_fingerprint'))[:12]}"),
+        ("model", f"target {column('target.num_hidden_layers')} layers × {column('target.hidden_size')}, "
+                  f"drafter {column('drafter.num_hidden_layers')} layers, block {column('drafter.block_size')}"),
+        ("target loss", f"{per_run['target_loss'].iloc[0]:.3f} (the column \"tokens to target loss\")"),
+    ]
+    return facts
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = None,
+                 title: str = "batchlab: batching strategies compared") -> Report:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_run = run_metrics(sweep, target_loss)
+    table = strategy_table(per_run)
+    comparisons = [compare_final(per_run, "final_eval_loss"), compare_final(per_run, "final_eval_tau")]
+    sentences = summary_sentences(table, *comparisons)
+    stats_sentences = [s for c in comparisons for s in comparison_sentences(c)]
+    style = figs.StrategyStyle(sweep.strategies)
+    figure_dir = out_dir / "figures"
+    paths = {name: figs.save_figure(fig, figure_dir, name)
+             for name, fig in figs.all_figures(per_run, sweep.steps, style).items()}
+    per_run.to_csv(out_dir / "runs.csv", index=False)
+    table.to_csv(out_dir / "strategies.csv", index=False)
+    comparisons_frame(comparisons).to_csv(out_dir / "comparisons.csv", index=False)
+    sweep.excluded.to_csv(out_dir / "excluded.csv", index=False)
+    report = Report(out_dir, per_run, table, comparisons, sentences + stats_sentences, paths)
+    facts = sweep_facts(sweep, per_run)
+    formatted = format_table(table)
+    notes = table_notes(per_run, table)
+    report.markdown = out_dir / "report.md"
+    report.markdown.write_text(render_markdown(title, facts, sentences, stats_sentences, formatted, notes,
+                                               comparisons, sweep.excluded, paths))
+    report.html = out_dir / "report.html"
+    report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
+                                       sweep.excluded, paths, style))
+    return report
+
+
+def table_notes(per_run: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    reference = per_run.attrs.get("reference", "sorted")
+    kind = per_run["recurrence_kind"].iloc[0]
+    notes = [
+        "Mean ± sample standard deviation over seeds. All numbers are recomputed from metrics.jsonl.",
+        f"real tokens/s = Σ real tokens / Σ step time; × {reference} = ratio to the same seed's {reference} run"
+        + ("" if reference == "sorted" else " (no sorted run in this sweep: the fastest strategy is the reference)")
+        + ".",
+        "padding % = 1 − Σ real tokens / Σ computed slots; gradient diversity = mean over measured steps.",
+        "lag-1 ACF = the plan's autocorrelation of step mean length at lag 1 (mean over epochs); "
+        f"recurrence = {kind}-level composition recurrence between consecutive epochs (1: same batches every epoch).",
+        "held-out loss and τ = last evaluation; tokens to target loss = tokens seen at the first evaluation with "
+        f"held-out loss ≤ {per_run['target_loss'].iloc[0]:.3f}.",
+    ]
+    if table["grad_diversity"].isna().all():
+        notes.append("Gradient diversity was not measured in this sweep (it needs trainer.grad_accum > 1 or "
+                     "trainer.nproc > 1).")
+    return notes
+
+
+def _pairs_rows(comparisons: list[Comparison]) -> list[list[str]]:
+    rows = []
+    for comparison in comparisons:
+        for p in comparison.pairs:
+            if p.tested:
+                rows.append([p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds)),
+                             f"{p.mean_diff:+.4f} ± {p.sd_diff:.4f}", f"[{p.ci[0]:+.4f}, {p.ci[1]:+.4f}]",
+                             f"[{p.bootstrap_ci[0]:+.4f}, {p.bootstrap_ci[1]:+.4f}]", f"{p.p_value:.3g}",
+                             "yes" if p.significant else "no"])
+            else:
+                rows.append([p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds)),
+                             f"{p.mean_diff:+.4f}" if math.isfinite(p.mean_diff) else "—", "—", "—",
+                             f"not tested (< {MIN_SEEDS} seeds)", "no"])
+    return rows
+
+
+PAIR_HEADER = ["metric", "difference", "seeds", "mean ± s.d.", "95% t interval", "95% bootstrap", "p (paired t)",
+               "significant (p < 0.05)"]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(value: str) -> str:
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths) -> str:
+    parts = [f"# {title}", "", "## Sweep", ""]
+    parts += [f"- **{k}**: {v}" for k, v in facts]
+    parts += ["", "## Findings", ""] + [f"- {s}" for s in sentences]
+    parts += ["", "## Per strategy", "", _md_table(list(formatted.columns), formatted.astype(str).values.tolist()), ""]
+    parts += [f"- {n}" for n in notes]
+    parts += ["", "## Statistical comparison (final held-out loss and τ, paired by seed)", ""]
+    parts += [f"- {s}" for s in stats_sentences]
+    rows = _pairs_rows(comparisons)
+    if rows:
+        parts += ["", _md_table(PAIR_HEADER, rows)]
+    parts += ["", "## Figures", ""]
+    for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
+        png = paths[name][0]
+        parts += [f"### {i}. {caption}", "", f"![{caption}](figures/{png.name})", "",
+                  f"SVG: [figures/{paths[name][1].name}](figures/{paths[name][1].name})", ""]
+    parts += ["## Runs left out", ""]
+    if len(excluded):
+        parts += [f"- `{r.run}` ({r.strategy}, seed {r.seed}): {r.reason}" for r in excluded.itertuples()]
+    else:
+        parts.append("None: every run found is complete.")
+    return "\n".join(parts) + "\n"
+
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1180px; margin: 2em auto;
+       padding: 0 1em; color: #111; line-height: 1.45; background: #fff; }
+h1 { font-size: 1.6em; border-bottom: 2px solid #333; padding-bottom: .2em; }
+h2 { font-size: 1.25em; margin-top: 1.6em; border-bottom: 1px solid #bbb; }
+table { border-collapse: collapse; margin: .8em 0; font-size: .9em; }
+th, td { border: 1px solid #999; padding: .3em .6em; text-align: right; }
+th { background: #eee; } td:first-child, th:first-child { text-align: left; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-weight: bold; margin-bottom: .3em; }
+.swatch { display: inline-block; width: .9em; height: .9em; margin-right: .35em; vertical-align: -0.1em;
+          border: 1px solid #333; }
+ul.facts li { margin: .1em 0; } .notes { font-size: .85em; color: #333; }
+@media print { body { max-width: none; } figure { page-break-inside: avoid; } }
+"""
+
+
+def _html_table(header: list[str], rows: list[list[str]], colours: dict[str, str] | None = None) -> str:
+    out = ["<table>", "<tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, value in enumerate(row):
+            text = html.escape(str(value))
+            if i == 0 and colours and value in colours:
+                text = f'<span class="swatch" style="background:{colours[value]}"></span>{text}'
+            cells.append(f"<td>{text}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
+                style: figs.StrategyStyle) -> str:
+    esc = html.escape
+    body = [f"<h1>{esc(title)}</h1>", "<h2>Sweep</h2>", '<ul class="facts">']
+    body += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in facts]
+    body += ["</ul>", "<h2>Findings</h2>", "<ul>"] + [f"<li>{esc(s)}</li>" for s in sentences] + ["</ul>"]
+    body += ["<h2>Per strategy</h2>",
+             _html_table(list(formatted.columns), formatted.astype(str).values.tolist(), style.colours()),
+             '<ul class="notes">'] + [f"<li>{esc(n)}</li>" for n in notes] + ["</ul>"]
+    body += ["<h2>Statistical comparison (final held-out loss and τ, paired by seed)</h2>", "<ul>"]
+    body += [f"<li>{esc(s)}</li>" for s in stats_sentences] + ["</ul>"]
+    rows = _pairs_rows(comparisons)
+    if rows:
+        body.append(_html_table(PAIR_HEADER, rows))
+    body.append("<h2>Figures</h2>")
+    for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
+        data = base64.b64encode(paths[name][0].read_bytes()).decode("ascii")
+        body.append(f'<figure id="fig-{name}"><figcaption>{i}. {esc(caption)}</figcaption>'
+                    f'<img alt="{esc(caption)}" src="data:image/png;base64,{data}"></figure>')
+    body.append("<h2>Runs left out</h2>")
+    if len(excluded):
+        body += ["<ul>"] + [f"<li><code>{esc(str(r.run))}</code> ({esc(str(r.strategy))}, seed {esc(str(r.seed))}): "
+                            f"{esc(str(r.reason))}</li>" for r in excluded.itertuples()] + ["</ul>"]
+    else:
+        body.append("<p>None: every run found is complete.</p>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def finite_or_none(value: float) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None

@@ -1,0 +1,85 @@
+"""``batchlab-report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--wandb-workspace ENTITY/PROJECT]``.
+
+Reads the runs of one or more sweep directories (``batchlab-train -m ... hydra.sweep.dir=DIR``), writes
+the seven figures (PNG + SVG), ``report.md``, a self-contained ``report.html`` and the CSV tables
+into ``--out`` (default ``SWEEP_DIR/report``), and prints where ``report.html`` is. Crashed or
+interrupted runs are listed in the report, never mixed in. Exit status 2 with one line naming the
+directory or run and the fix for: no runs, incompatible sweeps mixed, missing metrics, a W&B
+workspace that cannot be built or saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from analysis.load import SweepError, load_sweeps
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="batchlab-report",
+        description="Report a batchlab strategy sweep: throughput against gradient diversity and convergence.")
+    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directory of a batchlab-train -m sweep")
+    p.add_argument("--out", metavar="DIR", help="where to write the report (default: FIRST_SWEEP_DIR/report)")
+    p.add_argument("--target-loss", type=float, metavar="LOSS",
+                   help="held-out loss for the 'tokens to target loss' column (default: the worst final one)")
+    p.add_argument("--source", choices=("jsonl", "wandb"), default="jsonl",
+                   help="read the histories from metrics.jsonl (default) or from the offline W&B files")
+    p.add_argument("--title", default="batchlab: batching strategies compared", help="the report's title")
+    p.add_argument("--wandb-workspace", metavar="ENTITY/PROJECT",
+                   help="also save a W&B workspace (wandb-workspaces) whose panels mirror the figures")
+    p.add_argument("--wandb-group", metavar="GROUP", help="W&B group of the workspace (default: the runs' group)")
+    return p
+
+
+def fail(message: str) -> int:
+    print(f"batchlab-report: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    workspace_path = None
+    if args.wandb_workspace:  # check the flag before the (slower) report
+        from analysis.workspace import WorkspaceUnavailable, _library, parse_workspace_path
+
+        try:
+            workspace_path = parse_workspace_path(args.wandb_workspace)
+            _library()
+        except (ValueError, WorkspaceUnavailable) as error:
+            return fail(str(error))
+    try:
+        sweep = load_sweeps(args.sweep_dirs, source=args.source)
+    except SweepError as error:
+        return fail(str(error))
+    from analysis.report import build_report
+
+    out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
+    report = build_report(sweep, out, target_loss=args.target_loss, title=args.title)
+    if len(sweep.excluded):
+        print(f"batchlab-report: {len(sweep.excluded)} run(s) left out (listed in the report): "
+              + "; ".join(f"{r.run}: {r.reason}" for r in sweep.excluded.itertuples()))
+    print(f"batchlab-report: {len(sweep.runs)} runs, {len(sweep.strategies)} strategies, {len(sweep.seeds)} seeds")
+    for sentence in report.sentences[:3]:
+        print(f"  {sentence}")
+    print(f"batchlab-report: wrote {report.html}")
+    if workspace_path is not None:
+        from analysis.workspace import build_workspace, save_workspace
+
+        groups = sorted(str(g) for g in sweep.runs["group"].dropna().unique()) if "group" in sweep.runs else []
+        group = args.wandb_group or (groups[0] if len(groups) == 1 else None)
+        try:
+            workspace = build_workspace(*workspace_path, group=group, strategies=sweep.strategies)
+            url = save_workspace(workspace)
+        except Exception as error:  # noqa: BLE001 - the server's errors vary; the report is written already
+            return fail(f"could not save the W&B workspace in {args.wandb_workspace} ({type(error).__name__}: "
+                        f"{str(error).splitlines()[0] if str(error) else ''}); log in (wandb login / WANDB_API_KEY) "
+                        "and check the entity and project; the report itself is written")
+        print(f"batchlab-report: saved W&B workspace {url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

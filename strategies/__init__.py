@@ -20,7 +20,7 @@ API:
   oversize="error", balance=None, **strategy_options) -> Plan``.
 - ``build_strategy(name, **options)`` → a strategy object with
   ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
-  ``available_strategies()`` → ``["bucketed", "packed", "shuffle", "sorted"]``;
+  ``available_strategies()`` → ``["bucketed", "length_grouped", "packed", "shuffle", "sorted"]``;
   ``register_strategy(cls)`` adds one.
 - ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
   padded, the row capacity packed) and an optional cap on its samples.
@@ -41,6 +41,11 @@ Strategies (DESIGN.md §2), all under the same budget:
 - ``bucketed(num_buckets=32, edges="dp", same_bucket_steps=False)``: shuffle inside each length
   bucket, fill inside a bucket, shuffle the global micro-batch order; ``same_bucket_steps`` keeps a
   step's micro-batches in one bucket.
+- ``length_grouped(mega_batch_mult=50, batch_size=None, shuffle_order=True)``: Hugging Face's
+  ``LengthGroupedSampler`` rule (random permutation, megabatches of ``mega_batch_mult x batch_size``
+  samples sorted longest first), each megabatch split greedily under the budget; the micro-batch
+  order is shuffled each epoch unless ``shuffle_order=False`` (Hugging Face's own order). The
+  baseline users would otherwise pick.
 - ``packed(fit="first"|"best")``: random order, then first-fit/best-fit of whole samples into rows
   of ``max_tokens`` (layout ``packed``: one flat row per micro-batch, cu_seqlens from the lengths).
 
@@ -55,6 +60,7 @@ from .balance import RankBalance
 from .builtin import (
     DEFAULT_NUM_BUCKETS,
     BucketedStrategy,
+    LengthGroupedStrategy,
     PackedStrategy,
     ShuffleStrategy,
     SortedStrategy,
@@ -84,5 +90,6 @@ __all__ = [
     "ShuffleStrategy",
     "BucketedStrategy",
     "PackedStrategy",
+    "LengthGroupedStrategy",
     "DEFAULT_NUM_BUCKETS",
 ]

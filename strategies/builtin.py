@@ -1,4 +1,4 @@
-"""The four batching strategies: ``sorted``, ``shuffle``, ``bucketed`` and ``packed``.
+"""The batching strategies: ``sorted``, ``shuffle``, ``bucketed``, ``packed`` and ``length_grouped``.
 
 Each strategy is a small frozen dataclass whose fields are its options and whose :meth:`plan` maps
 ``(lengths, budget, seed, epoch, world_size, grad_accum)`` to a :class:`Plan`; see the package
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
@@ -272,6 +272,78 @@ class PackedStrategy(Strategy):
         return MicroBatches(shuffled[grouped], offsets, sequence)
 
 
+#: Hugging Face's default megabatch multiplier (``get_length_grouped_indices(mega_batch_mult=None)``)
+HF_MEGA_BATCH_MULT = 50
+
+
+@dataclass(frozen=True)
+class LengthGroupedStrategy(Strategy):
+    """Hugging Face's ``LengthGroupedSampler`` rule under a token budget (``group_by_length=True``).
+
+    Each epoch: a random permutation of the samples, cut into megabatches of
+    ``mega_batch_mult * batch_size`` samples; each megabatch sorted by length, longest first (ties
+    keep the permutation's order), and the longest sample of the epoch swapped to the front of the
+    first megabatch, exactly as ``transformers.trainer_pt_utils.get_length_grouped_indices`` does;
+    then each megabatch is split greedily into micro-batches under the budget (a micro-batch never
+    spans two megabatches). As in Hugging Face, the multiplier is lowered to
+    ``samples // (4 * batch_size)`` (at least 1) on small datasets.
+
+    Options:
+        mega_batch_mult: megabatch size in batches (default 50, Hugging Face's).
+        batch_size: samples per batch for the megabatch size; None (default) takes the rows of a
+            micro-batch of median-length samples, ``max_tokens // median length`` (capped by
+            ``max_samples``), at least 1 (27 on ``chat-902k`` at 16384 tokens).
+        shuffle_order: True (default) shuffles the micro-batch order each epoch (ranks and steps
+            then see unrelated lengths); False keeps Hugging Face's order, megabatch after
+            megabatch, longest first inside each — the order whose step mean length oscillates
+            (large lag-1 ACF), kept so reports can show it.
+    """
+
+    name: ClassVar[str] = "length_grouped"
+    mega_batch_mult: int = HF_MEGA_BATCH_MULT
+    batch_size: Optional[int] = None
+    shuffle_order: bool = True
+
+    def __post_init__(self) -> None:
+        check_positive_int("length_grouped mega_batch_mult", self.mega_batch_mult, "use at least 1 (50 is Hugging Face's)")
+        if self.batch_size is not None:
+            check_positive_int("length_grouped batch_size", self.batch_size, "use None to derive it from the budget")
+        if not isinstance(self.shuffle_order, (bool, np.bool_)):
+            raise ValueError(f"length_grouped shuffle_order={self.shuffle_order!r} must be true or false")
+
+    def megabatch_size(self, lengths: np.ndarray, budget: Budget) -> int:
+        """Samples per megabatch for these (kept) lengths."""
+        if self.batch_size is not None:
+            batch_size = self.batch_size
+        else:
+            batch_size = max(1, int(budget.max_tokens // max(float(np.median(lengths)), 1.0)))
+            if budget.max_samples is not None:
+                batch_size = min(batch_size, budget.max_samples)
+        mult = min(self.mega_batch_mult, lengths.size // (4 * batch_size))
+        return max(mult, 1) * batch_size
+
+    def micro_batches(self, prepared, budget, seed, epoch, per_step):
+        order = generator(seed, epoch, Purpose.SAMPLE_ORDER).permutation(prepared.kept)
+        lengths = prepared.lengths[order]
+        size = self.megabatch_size(lengths, budget)
+        megabatch = np.arange(order.size, dtype=np.int64) // size
+        # sort by (megabatch, length descending), stable: ties keep the permutation's order
+        order = order[np.lexsort((-lengths, megabatch))]
+        # Hugging Face puts the longest sample first: swap the heads of megabatch 0 and of the
+        # megabatch holding the longest sample
+        heads = np.arange(0, order.size, size)
+        longest = heads[int(np.argmax(prepared.lengths[order[heads]]))]
+        order[[0, longest]] = order[[longest, 0]]
+        group_offsets = np.append(heads, order.size).astype(np.int64)
+        offsets = _padded_fill(order, prepared.lengths, budget, group_offsets)
+        if self.shuffle_order:
+            sequence = generator(seed, epoch, Purpose.MICRO_BATCH_ORDER).permutation(offsets.size - 1)
+        else:
+            sequence = np.arange(offsets.size - 1, dtype=np.int64)
+        return MicroBatches(order, offsets, sequence, {"megabatch_size": int(size)})
+
+
 BUILTIN_STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (SortedStrategy, ShuffleStrategy, BucketedStrategy, PackedStrategy)
+    cls.name: cls
+    for cls in (SortedStrategy, ShuffleStrategy, BucketedStrategy, PackedStrategy, LengthGroupedStrategy)
 }

@@ -16,7 +16,7 @@ import pytest
 from harness.cli.plan import main
 from harness.data.profiles import lognormal_lengths
 
-ALL_STRATEGIES = {"bucketed", "packed", "shuffle", "sorted"}
+ALL_STRATEGIES = {"bucketed", "length_grouped", "packed", "shuffle", "sorted"}
 REQUIRED_FIELDS = {
     "strategy",
     "padding_efficiency",

@@ -26,7 +26,7 @@ from strategies._kernels import best_fit_packed, first_fit_packed, greedy_fill_p
 from strategies.balance import rank_costs
 from strategies.registry import _REGISTRY
 
-ALL = ["bucketed", "packed", "shuffle", "sorted"]
+ALL = ["bucketed", "length_grouped", "packed", "shuffle", "sorted"]
 
 
 def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -62,11 +62,13 @@ def step_max_rank_cost(p: Plan, cost_model: CostModel) -> np.ndarray:
 # -- API and registry --------------------------------------------------------------------------
 
 
-def test_registry_lists_the_four_strategies_with_their_layouts():
+def test_registry_lists_the_five_strategies_with_their_layouts():
     assert available_strategies() == ALL
     lengths = np.arange(1, 50)
     layouts = {name: plan(lengths, Budget(128), strategy=name).layout for name in ALL}
-    assert layouts == {"bucketed": "padded", "packed": "packed", "shuffle": "padded", "sorted": "padded"}
+    assert layouts == {
+        "bucketed": "padded", "length_grouped": "padded", "packed": "packed", "shuffle": "padded", "sorted": "padded"
+    }
 
 
 def test_build_strategy_plan_equals_top_level_plan():
@@ -82,7 +84,7 @@ def test_build_strategy_plan_equals_top_level_plan():
 
 
 def test_unknown_strategy_and_options_are_refused_with_the_accepted_ones():
-    with pytest.raises(ValueError, match=r"unknown strategy 'sortd'.*bucketed, packed, shuffle, sorted"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'sortd'.*bucketed, length_grouped, packed, shuffle, sorted"):
         build_strategy("sortd")
     with pytest.raises(ValueError, match=r"no option\(s\) \['bucket_count'\].*num_buckets, edges, same_bucket_steps"):
         build_strategy("bucketed", bucket_count=8)
@@ -234,6 +236,58 @@ def test_packed_respects_max_samples():
     p = plan(np.full(100, 3), Budget(1000, max_samples=7), "packed", fit="best")
     assert p.micro_batch_sizes().max() == 7
     assert p.budget_violations().size == 0 and p.exactly_once()
+
+
+def test_length_grouped_follows_hugging_faces_megabatch_rule():
+    lengths = lognormal_lengths(5000, seed=13)
+    budget = Budget(16384)
+    p = plan(lengths, budget, "length_grouped", seed=2, epoch=1, batch_size=10, mega_batch_mult=5,
+             shuffle_order=False)  # world_size 1, HF order: plan order = megabatch order
+    size = 50
+    assert p.info["megabatch_size"] == size
+    order = p.sample_indices
+    assert order[0] == np.argmax(lengths) or lengths[order[0]] == lengths.max()  # longest sample first
+    heads = np.arange(0, order.size, size)
+    for start in heads:
+        chunk = lengths[order[start + 1 : start + size]]
+        assert np.all(np.diff(chunk) <= 0)  # longest first inside each megabatch (bar the swapped head)
+    # micro-batches never span two megabatches; each is the greedy fill of its megabatch
+    starts = p.micro_batch_offsets[:-1][p.micro_batch_sizes() > 0]
+    assert set(heads.tolist()) <= set(starts.tolist())
+    assert p.exactly_once() and p.budget_violations().size == 0
+    # megabatches come from a fresh permutation each epoch
+    other = plan(lengths, budget, "length_grouped", seed=2, epoch=2, batch_size=10, mega_batch_mult=5,
+                 shuffle_order=False)
+    assert set(order[:size].tolist()) != set(other.sample_indices[:size].tolist())
+
+
+def test_length_grouped_default_megabatch_and_small_dataset_multiplier():
+    lengths = lognormal_lengths(40000, seed=14)
+    p = plan(lengths, Budget(16384), "length_grouped")
+    batch = 16384 // int(np.median(lengths))
+    assert p.info["megabatch_size"] == 50 * batch
+    # Hugging Face lowers the multiplier to samples // (4 * batch_size) on small sets
+    small = plan(lengths[:1000], Budget(16384), "length_grouped", batch_size=20)
+    assert small.info["megabatch_size"] == (1000 // 80) * 20
+    assert padding_efficiency(p) > padding_efficiency(plan(lengths, Budget(16384), "shuffle"))
+    with pytest.raises(ValueError, match="mega_batch_mult"):
+        build_strategy("length_grouped", mega_batch_mult=0)
+    with pytest.raises(ValueError, match="shuffle_order"):
+        build_strategy("length_grouped", shuffle_order="yes")
+
+
+def test_hugging_face_order_oscillates_and_shuffled_order_does_not():
+    """The step-mean-length ACF can tell the two orders apart (it fails for a length-grouped order)."""
+    lengths = lognormal_lengths(60000, seed=15)
+    budget = Budget(16384)
+    hf = plan(lengths, budget, "length_grouped", shuffle_order=False, world_size=1)
+    shuffled = plan(lengths, budget, "length_grouped", world_size=1)
+    assert step_mean_length_lag1_acf(hf) > 0.6
+    assert abs(step_mean_length_lag1_acf(shuffled)) < 0.1
+    # same micro-batches, only their order differs
+    assert {frozenset(mb.tolist()) for mb in micro_batches(hf)} == {
+        frozenset(mb.tolist()) for mb in micro_batches(shuffled)
+    }
 
 
 def test_short_final_step_gets_empty_micro_batches_spread_over_ranks():

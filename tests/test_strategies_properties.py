@@ -28,6 +28,12 @@ def planning_cases(draw):
         }
     elif name == "packed":
         options = {"fit": draw(st.sampled_from(["first", "best"]))}
+    elif name == "length_grouped":
+        options = {
+            "mega_batch_mult": draw(st.integers(min_value=1, max_value=4)),
+            "batch_size": draw(st.one_of(st.none(), st.integers(min_value=1, max_value=6))),
+            "shuffle_order": draw(st.booleans()),
+        }
     balance = draw(st.one_of(st.none(), st.builds(lambda w: RankBalance(window_steps=w), st.integers(1, 3))))
     return {
         "lengths": np.asarray(lengths, dtype=np.int64),

@@ -79,7 +79,9 @@ def test_build_strategy_plan_equals_top_level_plan():
                    num_buckets=6, edges="quantile")
     np.testing.assert_array_equal(by_object.sample_indices, by_name.sample_indices)
     np.testing.assert_array_equal(by_object.micro_batch_offsets, by_name.micro_batch_offsets)
-    assert by_name.info["options"] == {"num_buckets": 6, "edges": "quantile", "same_bucket_steps": False}
+    assert by_name.info["options"] == {
+        "num_buckets": 6, "edges": "quantile", "same_bucket_steps": False, "max_recurrence": 0.1
+    }
     assert strategy_options("packed") == ["fit"]
 
 
@@ -178,7 +180,39 @@ def test_bucketed_explicit_edges_and_default_bucket_count():
         buckets = np.searchsorted(np.asarray(p.info["edges"]), lengths[mb], side="left")
         assert np.unique(buckets).size == 1
     default = plan(lengths, Budget(16384), "bucketed")
-    assert len(default.info["edges"]) == DEFAULT_NUM_BUCKETS
+    # 3,000 samples cannot fill 64 buckets under max_recurrence=0.1: the dp uses fewer
+    assert 4 <= len(default.info["edges"]) < DEFAULT_NUM_BUCKETS == 64
+    unbounded = plan(lengths, Budget(16384), "bucketed", max_recurrence=None)
+    assert len(unbounded.info["edges"]) > len(default.info["edges"])
+
+
+def small_corpus_lengths() -> np.ndarray:
+    """A stand-in for the standard library's top-level definitions: 6,000 samples, median ~100, cap 8192."""
+    rng = np.random.default_rng(21)
+    return np.clip(np.round(rng.lognormal(np.log(100), 1.3, 6000)), 1, 8192).astype(np.int64)
+
+
+def test_bucketed_default_stays_diverse_on_a_small_dataset():
+    from strategies.metrics import composition_recurrence
+
+    lengths = small_corpus_lengths()
+    budget = Budget(16384)
+    kwargs = dict(seed=0, world_size=8)
+
+    def recurrence_and_efficiency(**options):
+        first = plan(lengths, budget, "bucketed", epoch=0, **kwargs, **options)
+        second = plan(lengths, budget, "bucketed", epoch=1, **kwargs, **options)
+        return composition_recurrence(first, second)[0], padding_efficiency(first)
+
+    recurrence, efficiency = recurrence_and_efficiency()
+    assert recurrence <= 0.10 and efficiency >= 0.80, (recurrence, efficiency)
+    # the former default (32 unbounded dp buckets) repeats most micro-batch partners
+    old_recurrence, old_efficiency = recurrence_and_efficiency(num_buckets=32, max_recurrence=None)
+    assert old_recurrence > 0.3 and old_efficiency > efficiency
+    tight, _ = recurrence_and_efficiency(max_recurrence=0.03)
+    assert tight <= 0.03
+    with pytest.raises(ValueError, match="max_recurrence"):
+        build_strategy("bucketed", max_recurrence=0.0)
 
 
 def test_bucketed_same_bucket_steps_keeps_steps_in_one_bucket():

@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies.cost import CostModel
-from strategies.metrics import autocorrelation, composition_recurrence, length_mix_divergence, plan_metrics
+from strategies.metrics import (
+    autocorrelation,
+    composition_recurrence,
+    length_mix_divergence,
+    plan_metrics,
+    step_recurrence,
+)
 from strategies.epoch_plan import Budget, Plan
 
 
@@ -157,6 +163,59 @@ def test_recurrence_matches_brute_force_pair_enumeration(data):
         assert value == pytest.approx(again / len(together), abs=1e-12)
     else:
         assert math.isnan(value)
+
+
+def test_step_recurrence_counts_pairs_sharing_a_step_not_a_micro_batch():
+    lengths = [1] * 8
+    # world 2: step 0 = micro-batches [0,1] and [2,3]; step 1 = [4,5] and [6,7]
+    first = make_plan(lengths, [[0, 1], [2, 3], [4, 5], [6, 7]], world_size=2)
+    # next epoch: same steps, partners swapped between the step's micro-batches
+    second = make_plan(lengths, [[0, 2], [1, 3], [4, 6], [5, 7]], world_size=2, epoch=1)
+    metrics = plan_metrics(first, next_epoch_plan=second)
+    assert metrics["recurrence"] == 0.0
+    assert metrics["step_recurrence"] == 1.0 and metrics["step_recurrence_pairs"] == 12
+    # micro-batches kept but moved to other steps: every micro-batch pair recurs, 1/3 of step pairs
+    moved = make_plan(lengths, [[0, 1], [4, 5], [2, 3], [6, 7]], world_size=2, epoch=1)
+    assert composition_recurrence(first, moved)[0] == 1.0
+    assert step_recurrence(first, moved) == (pytest.approx(4 / 12, abs=1e-12), 12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_step_recurrence_matches_brute_force_pair_enumeration(data):
+    size = data.draw(st.integers(2, 14))
+    world_size = data.draw(st.integers(1, 3))
+    plans, owners = [], []
+    for epoch in range(2):
+        mbs = random_partition(data.draw, size)
+        mbs += [[]] * (-len(mbs) % world_size)
+        plans.append(make_plan([1] * size, mbs, world_size=world_size, epoch=epoch))
+        owners.append({i: m // world_size for m, mb in enumerate(mbs) for i in mb})
+    together = [(i, j) for i, j in itertools.combinations(range(size), 2) if owners[0][i] == owners[0][j]]
+    value, pairs = step_recurrence(*plans)
+    assert pairs == len(together)
+    if together:
+        assert value == pytest.approx(sum(owners[1][i] == owners[1][j] for i, j in together) / len(together))
+    else:
+        assert math.isnan(value)
+
+
+def test_length_mix_excess_separates_length_homogeneous_steps_from_random_ones():
+    """Raw KL mostly measures samples per step; the excess over the random baseline does not."""
+    from strategies import Budget as PlanBudget
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 20000)), 16, 8192).astype(np.int64)
+    excess = {}
+    for name in ("shuffle", "packed", "bucketed", "sorted"):
+        metrics = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), name, world_size=8))
+        assert metrics["length_mix_excess"] == pytest.approx(
+            metrics["length_mix_kl"] - metrics["length_mix_kl_random"], abs=1e-12
+        )
+        excess[name] = metrics["length_mix_excess"]
+    assert abs(excess["shuffle"]) < 0.02 and abs(excess["packed"]) < 0.02
+    assert excess["bucketed"] > 0.5 and excess["sorted"] > 0.5
 
 
 def test_length_mix_divergence_zero_for_representative_steps_log2_for_sorted_halves():

@@ -434,18 +434,25 @@ def test_rank_balance_rejects_bad_settings():
 
 @pytest.mark.slow
 def test_chat_902k_targets():
+    from strategies.metrics import composition_recurrence
+
     lengths = lognormal_lengths(902_000, seed=0)
     budget = Budget(16384)
     results = {}  # plan time is a benchmark goal (benchmarks/plan_speed.py), not asserted here
     for name in ALL:
         p = plan(lengths, budget, name, seed=0, epoch=0, world_size=8)
-        results[name] = (padding_efficiency(p), step_mean_length_lag1_acf(p))
+        results[name] = padding_efficiency(p)
         assert p.exactly_once(), name
-    assert results["packed"][0] >= 0.995, results
-    assert results["sorted"][0] >= 0.99, results
-    assert results["bucketed"][0] >= 0.95, results
-    assert abs(results["bucketed"][1]) <= 0.05, results
-    assert results["shuffle"][0] < results["bucketed"][0]
+    assert results["packed"] >= 0.995, results
+    assert results["sorted"] >= 0.99, results
+    assert results["bucketed"] >= 0.97, results
+    assert results["shuffle"] < results["bucketed"]
+    following = plan(lengths, budget, "bucketed", seed=0, epoch=1, world_size=8)
+    assert composition_recurrence(plan(lengths, budget, "bucketed", seed=0, epoch=0, world_size=8), following)[0] <= 0.01
+    # The step-mean-length ACF of a permuted micro-batch order is ~0 by construction, so asserting
+    # it for our strategies could not fail; what the metric must do is catch a length-grouped order.
+    hf_order = plan(lengths, budget, "length_grouped", shuffle_order=False, seed=0, epoch=0, world_size=8)
+    assert step_mean_length_lag1_acf(hf_order) > 0.3
 
 
 def test_long_samples_and_large_budgets_plan_correctly():

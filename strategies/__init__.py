@@ -24,9 +24,11 @@ API:
   ``register_strategy(cls)`` adds one.
 - ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
   padded, the row capacity packed) and an optional cap on its samples.
-- ``balance``: None or ``RankBalance(cost_model=CostModel(a, b), window_steps=1)`` (or a dict of the
-  same fields): inside every step, micro-batches are placed on ranks (``grad_accum`` each) to
-  minimise the costliest rank under ``a * slots + b * sum(len^2)``; never worse than unbalanced.
+- ``balance``: None or ``RankBalance(cost_model=CostModel(a, b, c, block_size, num_anchors),
+  window_steps=1)`` (or a dict of the same fields): inside every step, micro-batches are placed on
+  ranks (``grad_accum`` each) to minimise the costliest rank under
+  ``a * slots + b * sum(len^2) + c * drafter blocks`` (blocks from the lengths and the drafter's
+  anchor rule, :mod:`strategies.cost`); never worse than unbalanced.
 - ``oversize``: what to do with a sample longer than ``max_tokens``: ``"error"`` (default),
   ``"truncate"`` or ``"drop"``; affected indices land in ``Plan.truncated`` / ``Plan.dropped`` and
   are logged. Bad input raises before any work (:class:`LengthsError` for lengths, ``ValueError``

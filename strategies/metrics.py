@@ -44,8 +44,13 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
 - **rank_imbalance** = mean over steps of ``max_r C[t, r] / mean_r C[t, r]``, where ``C[t, r]`` is
   the summed ``CostModel`` cost of rank ``r``'s micro-batches in step ``t``; ``rank_imbalance_max``
   is the worst step. 1.0 is perfect balance (always, for ``world_size = 1``).
+  ``target_imbalance`` is the same under the target's terms alone (``c = 0``) and
+  **drafter_imbalance** the same for the estimated drafter blocks alone
+  (``CostModel.micro_batch_blocks``: ``min(num_anchors, max(0, len - block_size + 1))`` per
+  sample); ``drafter_blocks`` is their total. A packed plan balances target slots almost
+  perfectly (every row costs its capacity) while its blocks vary by a third between ranks.
 - **step_cost** = ``sum_t max_r C[t, r]``: estimated time of the epoch when every step waits for its
-  slowest rank (cost-model units). **ideal_cost** = ``a * sum(len) + b * sum(len^2)`` over the
+  slowest rank (cost-model units). **ideal_cost** = ``a * sum(len) + b * sum(len^2) + c * blocks`` over the
   planned samples: the same work with no padding, documents attending only to themselves.
   **relative_step_cost** = ``world_size * step_cost / ideal_cost`` >= 1: how much longer the epoch
   takes than perfectly packed, perfectly balanced work spread over the ranks.
@@ -61,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from .balance import rank_costs
-from .cost import CostModel
+from .cost import CostModel, drafter_blocks
 from .epoch_plan import Plan
 
 
@@ -215,6 +220,19 @@ def plan_rank_costs(plan: Plan, cost_model: CostModel) -> np.ndarray:
     return rank_costs(costs.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
 
 
+def plan_rank_blocks(plan: Plan, cost_model: CostModel) -> np.ndarray:
+    """``[steps, world_size]`` estimated drafter blocks of each rank per step (``CostModel.micro_batch_blocks``)."""
+    blocks = cost_model.micro_batch_blocks(plan.lengths, plan.sample_indices, plan.micro_batch_offsets)
+    return rank_costs(blocks.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
+
+
+def _imbalance(per_rank: np.ndarray) -> np.ndarray:
+    """``max_r / mean_r`` of every step with work (``[steps, world_size]`` in)."""
+    mean = per_rank.mean(axis=1)
+    active = mean > 0
+    return per_rank.max(axis=1)[active] / mean[active]
+
+
 def plan_metrics(
     plan: Plan,
     next_epoch_plan: Plan | None = None,
@@ -254,12 +272,17 @@ def plan_metrics(
     mix_kl, mix_kl_random = length_mix_divergence(plan, mix_bins)
 
     per_rank = plan_rank_costs(plan, cost_model)
-    rank_mean = per_rank.mean(axis=1)
     rank_max = per_rank.max(axis=1)
-    active = rank_mean > 0
-    imbalance = rank_max[active] / rank_mean[active]
+    imbalance = _imbalance(per_rank)
+    target_imbalance = _imbalance(plan_rank_costs(plan, cost_model.target_only()))
+    drafter_imbalance = _imbalance(plan_rank_blocks(plan, cost_model))
     step_cost = float(rank_max.sum())
-    ideal_cost = float(cost_model.a * real_tokens + cost_model.b * float((planned_lengths.astype(np.float64) ** 2).sum()))
+    total_blocks = float(drafter_blocks(planned_lengths, cost_model.block_size, cost_model.num_anchors).sum())
+    ideal_cost = float(
+        cost_model.a * real_tokens
+        + cost_model.b * float((planned_lengths.astype(np.float64) ** 2).sum())
+        + cost_model.c * total_blocks
+    )
     missing, repeated = plan.exactly_once_violations()
 
     return {
@@ -293,6 +316,9 @@ def plan_metrics(
         "length_mix_excess": mix_kl - mix_kl_random,
         "rank_imbalance": float(imbalance.mean()) if imbalance.size else float("nan"),
         "rank_imbalance_max": float(imbalance.max()) if imbalance.size else float("nan"),
+        "target_imbalance": float(target_imbalance.mean()) if target_imbalance.size else float("nan"),
+        "drafter_imbalance": float(drafter_imbalance.mean()) if drafter_imbalance.size else float("nan"),
+        "drafter_blocks": total_blocks,
         "step_cost": step_cost,
         "ideal_cost": ideal_cost,
         "relative_step_cost": plan.world_size * step_cost / ideal_cost if ideal_cost > 0 else float("nan"),

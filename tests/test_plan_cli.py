@@ -27,6 +27,7 @@ REQUIRED_FIELDS = {
     "step_recurrence",
     "length_mix_excess",
     "rank_imbalance",
+    "drafter_imbalance",
     "plan_seconds",
     "samples_seen_once",
 }

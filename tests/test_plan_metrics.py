@@ -247,6 +247,54 @@ def test_rank_imbalance_sums_accumulation_micro_batches_and_uses_quadratic_term(
     assert metrics["ideal_cost"] == pytest.approx(9 + 9 + 4 + 4, abs=1e-12)
 
 
+def test_drafter_blocks_follow_the_anchor_rule():
+    from strategies.cost import drafter_blocks
+
+    # an anchor p needs p <= len - block_size: len - block_size + 1 anchors, at most num_anchors
+    assert drafter_blocks(np.array([5, 16, 17, 600, 10_000]), 16, 512).tolist() == [0, 1, 2, 512, 512]
+    model = CostModel(a=0.0, b=0.0, c=1.0, block_size=4, num_anchors=3)
+    plan = make_plan([4, 5, 9, 2], [[0, 1], [2, 3]], world_size=2)
+    np.testing.assert_array_equal(
+        model.micro_batch_blocks(plan.lengths, plan.sample_indices, plan.micro_batch_offsets), [3.0, 3.0]
+    )
+    with pytest.raises(ValueError, match="block_size"):
+        CostModel(block_size=0)
+    with pytest.raises(ValueError, match="not all 0"):
+        CostModel(a=0.0, b=0.0, c=0.0)
+
+
+def test_drafter_imbalance_is_reported_beside_the_target_imbalance():
+    # world 2: rank 0 holds one 40-token sample (25 blocks of 16), rank 1 four 10-token samples
+    # (0 blocks) in one padded micro-batch of 4 x 10: target slots 40 vs 40, blocks 25 vs 0
+    plan = make_plan([40, 10, 10, 10, 10], [[0], [1, 2, 3, 4]], world_size=2)
+    metrics = plan_metrics(plan, cost_model=CostModel(a=1.0, b=0.0, c=1.0))
+    assert metrics["target_imbalance"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["drafter_imbalance"] == pytest.approx(2.0, abs=1e-12)
+    assert metrics["drafter_blocks"] == 25
+    assert metrics["rank_imbalance"] == pytest.approx(65 / 52.5, abs=1e-12)  # (40 + 25) / mean(65, 40)
+    assert metrics["ideal_cost"] == pytest.approx(80 + 25, abs=1e-12)
+
+
+def test_packed_plans_balance_target_slots_but_not_drafter_blocks():
+    from strategies import Budget as PlanBudget
+    from strategies import RankBalance
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(4)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 60000)), 16, 8192).astype(np.int64)
+    packed = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "packed", world_size=8))
+    assert packed["target_imbalance"] < 1.03 and packed["drafter_imbalance"] > 1.25
+    # balancing on the full cost model (with the blocks term) evens the drafter out far more than
+    # balancing on the target's terms alone
+    kwargs = dict(world_size=8, grad_accum=2)
+    with_blocks = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "packed", balance=RankBalance(), **kwargs))
+    target_only = plan_metrics(
+        make_strategy_plan(lengths, PlanBudget(16384), "packed", balance={"a": 1.0, "b": 8e-6, "c": 0.0}, **kwargs)
+    )
+    assert with_blocks["drafter_imbalance"] < target_only["drafter_imbalance"] - 0.05
+    assert with_blocks["rank_imbalance"] < target_only["rank_imbalance"]
+
+
 def test_quadratic_cost_of_long_packed_samples_does_not_overflow():
     # two 2**32-token documents in one packed row: b * sum(len^2) = 2 * 2**64 = 2**65, which used
     # to wrap around in int64 (to 0) before reaching the float cost

@@ -421,8 +421,8 @@ def test_rank_balance_windows_help_without_accumulation():
 
 
 def test_rank_balance_rejects_bad_settings():
-    with pytest.raises(ValueError, match=r"unknown field\(s\) \['c'\]"):
-        plan([1, 2], Budget(8), "sorted", balance={"c": 1.0})
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['d'\]"):
+        plan([1, 2], Budget(8), "sorted", balance={"d": 1.0})
     with pytest.raises(ValueError, match="window_steps=0 must be >= 1"):
         RankBalance(window_steps=0)
     with pytest.raises(ValueError, match="must be None, a RankBalance or a mapping"):

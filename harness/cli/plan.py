@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cost-a", type=float, default=None, help="cost model: weight of computed slots")
     parser.add_argument("--cost-b", type=float, default=None, help="cost model: weight of sum(len^2)")
+    parser.add_argument("--cost-c", type=float, default=None, help="cost model: weight of one drafter block (0: target only)")
+    parser.add_argument("--block-size", type=int, default=None, help="cost model: drafter block size (default 16)")
+    parser.add_argument("--num-anchors", type=int, default=None, help="cost model: most drafter anchors per sample (default 512)")
     parser.add_argument("--acf-lags", type=int, default=8, help="autocorrelation lags (default 8)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per strategy")
     parser.add_argument(
@@ -234,6 +237,9 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     return CostModel(
         a=defaults.a if args.cost_a is None else args.cost_a,
         b=defaults.b if args.cost_b is None else args.cost_b,
+        c=defaults.c if args.cost_c is None else args.cost_c,
+        block_size=defaults.block_size if args.block_size is None else args.block_size,
+        num_anchors=defaults.num_anchors if args.num_anchors is None else args.num_anchors,
     )
 
 
@@ -278,6 +284,7 @@ TABLE_COLUMNS = (
     ("step rec.", "step_recurrence", "{:.3f}"),
     ("mix excess", "length_mix_excess", "{:+.3f}"),
     ("rank imb.", "rank_imbalance", "{:.3f}"),
+    ("drafter imb.", "drafter_imbalance", "{:.3f}"),
     ("rel. cost", "relative_step_cost", "{:.3f}"),
     ("plan s", "plan_seconds", "{:.3f}"),
     ("exactly once", "samples_seen_once", "{}"),

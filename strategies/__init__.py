@@ -40,9 +40,11 @@ Strategies (DESIGN.md §2), all under the same budget:
 - ``sorted``: sort by length (ties by a seeded permutation), greedy fill, shuffle the micro-batch
   order each epoch. Micro-batch composition never changes between epochs.
 - ``shuffle``: a random permutation each epoch, then the same greedy fill.
-- ``bucketed(num_buckets=32, edges="dp", same_bucket_steps=False)``: shuffle inside each length
-  bucket, fill inside a bucket, shuffle the global micro-batch order; ``same_bucket_steps`` keeps a
-  step's micro-batches in one bucket.
+- ``bucketed(num_buckets=64, edges="dp", same_bucket_steps=True, max_recurrence=0.1)``: shuffle
+  inside each length bucket, fill inside a bucket, shuffle the order; ``same_bucket_steps`` keeps a
+  step's micro-batches in one bucket (ranks balanced, steps length-homogeneous);
+  ``max_recurrence`` bounds every dp bucket's recurrence by a minimum population, so the number of
+  buckets used follows the dataset.
 - ``length_grouped(mega_batch_mult=50, batch_size=None, shuffle_order=True)``: Hugging Face's
   ``LengthGroupedSampler`` rule (random permutation, megabatches of ``mega_batch_mult x batch_size``
   samples sorted longest first), each megabatch split greedily under the budget; the micro-batch

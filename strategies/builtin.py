@@ -168,13 +168,17 @@ class BucketedStrategy(Strategy):
             bucket (ranks then do similar work). Each bucket's micro-batches are cut into whole
             steps; the few left over per bucket (fewer than one step's worth) are joined in bucket
             order into mixed steps, so no step is padded with empty micro-batches except the last.
-            Step order is shuffled each epoch.
+            Step order is shuffled each epoch. Default True: on ``chat-902k`` at max_tokens=16384,
+            world size 8, it lowers the rank imbalance from 1.075 to 1.024 (target terms; drafter
+            blocks 2.27 -> 1.02) at the price of length-homogeneous steps: length-mix excess
+            1.19 -> 2.52 and step recurrence 0.001 -> 0.031 (micro-batch recurrence and padding
+            are unchanged). False mixes buckets inside a step.
     """
 
     name: ClassVar[str] = "bucketed"
     num_buckets: int = DEFAULT_NUM_BUCKETS
     edges: str | Sequence[int] = "dp"
-    same_bucket_steps: bool = False
+    same_bucket_steps: bool = True
     max_recurrence: Optional[float] = DEFAULT_MAX_RECURRENCE
 
     def __post_init__(self) -> None:

@@ -80,7 +80,7 @@ def test_build_strategy_plan_equals_top_level_plan():
     np.testing.assert_array_equal(by_object.sample_indices, by_name.sample_indices)
     np.testing.assert_array_equal(by_object.micro_batch_offsets, by_name.micro_batch_offsets)
     assert by_name.info["options"] == {
-        "num_buckets": 6, "edges": "quantile", "same_bucket_steps": False, "max_recurrence": 0.1
+        "num_buckets": 6, "edges": "quantile", "same_bucket_steps": True, "max_recurrence": 0.1
     }
     assert strategy_options("packed") == ["fit"]
 
@@ -230,13 +230,28 @@ def test_bucketed_same_bucket_steps_keeps_steps_in_one_bucket():
     assert p.num_steps > 10 * num_buckets
     assert p.exactly_once()
     free = plan(lengths, Budget(16384), "bucketed", world_size=world_size, grad_accum=grad_accum,
-                num_buckets=num_buckets, seed=1, epoch=1)
+                num_buckets=num_buckets, same_bucket_steps=False, seed=1, epoch=1)
     free_mixed = sum(
         np.unique(np.searchsorted(edges, lengths[np.concatenate([mb for r in free.step_micro_batches(s) for mb in r])],
                                   side="left")).size > 1
         for s in range(free.num_steps)
     )
     assert free_mixed > mixed  # without the option most steps mix buckets
+
+
+def test_bucketed_default_keeps_ranks_balanced_and_reports_the_mix_it_costs():
+    from strategies.metrics import plan_metrics
+
+    lengths = lognormal_lengths(100_000, seed=16)
+    target = CostModel(c=0.0)
+    default = plan_metrics(plan(lengths, Budget(16384), "bucketed", world_size=8), cost_model=target)
+    mixed = plan_metrics(
+        plan(lengths, Budget(16384), "bucketed", world_size=8, same_bucket_steps=False), cost_model=target
+    )
+    assert default["rank_imbalance"] <= 1.04 < mixed["rank_imbalance"]
+    # the price: each step holds one bucket's lengths
+    assert default["length_mix_excess"] > mixed["length_mix_excess"] + 0.5
+    assert default["padding_efficiency"] == mixed["padding_efficiency"]
 
 
 def test_packed_rows_hold_whole_samples_within_capacity():
@@ -447,6 +462,11 @@ def test_chat_902k_targets():
     assert results["sorted"] >= 0.99, results
     assert results["bucketed"] >= 0.97, results
     assert results["shuffle"] < results["bucketed"]
+    # rank balance of the default (same_bucket_steps) under the target's cost terms
+    from strategies.metrics import plan_metrics
+
+    bucketed = plan(lengths, budget, "bucketed", seed=0, epoch=0, world_size=8)
+    assert plan_metrics(bucketed, cost_model=CostModel(c=0.0))["rank_imbalance"] <= 1.04
     following = plan(lengths, budget, "bucketed", seed=0, epoch=1, world_size=8)
     assert composition_recurrence(plan(lengths, budget, "bucketed", seed=0, epoch=0, world_size=8), following)[0] <= 0.01
     # The step-mean-length ACF of a permuted micro-batch order is ~0 by construction, so asserting

@@ -193,7 +193,7 @@ def small_corpus_lengths() -> np.ndarray:
 
 
 def test_bucketed_default_stays_diverse_on_a_small_dataset():
-    from strategies.metrics import composition_recurrence
+    from strategies.metrics import composition_recurrence, step_recurrence
 
     lengths = small_corpus_lengths()
     budget = Budget(16384)
@@ -206,6 +206,11 @@ def test_bucketed_default_stays_diverse_on_a_small_dataset():
 
     recurrence, efficiency = recurrence_and_efficiency()
     assert recurrence <= 0.10 and efficiency >= 0.80, (recurrence, efficiency)
+    # buckets too small for 1 / max_recurrence steps do not form steps of their own
+    first, second = (plan(lengths, budget, "bucketed", epoch=e, **kwargs) for e in (0, 1))
+    assert step_recurrence(first, second)[0] <= 0.12
+    unbounded = [plan(lengths, budget, "bucketed", epoch=e, max_recurrence=None, **kwargs) for e in (0, 1)]
+    assert step_recurrence(*unbounded)[0] > 0.3
     # the former default (32 unbounded dp buckets) repeats most micro-batch partners
     old_recurrence, old_efficiency = recurrence_and_efficiency(num_buckets=32, max_recurrence=None)
     assert old_recurrence > 0.3 and old_efficiency > efficiency

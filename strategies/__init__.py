@@ -35,7 +35,7 @@ API:
   otherwise), naming the sample index, its value and the fix.
 - ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None)``.
 
-Strategies (DESIGN.md §2), all under the same budget:
+Strategies (docs/design.md §3), all under the same budget:
 
 - ``sorted``: sort by length (ties by a seeded permutation), greedy fill, shuffle the micro-batch
   order each epoch. Micro-batch composition never changes between epochs.

@@ -1,4 +1,4 @@
-"""Metrics of a plan (DESIGN.md §3), computed from the plan alone — no training, no torch.
+"""Metrics of a plan (docs/design.md §6), computed from the plan alone — no training, no torch.
 
 Everything is vectorised over the flat ``Plan`` arrays, so a 902K-sample epoch takes well under a
 second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m``):

@@ -396,7 +396,7 @@ def render_diversity(small_size: int, small: list[dict], by_buckets: dict, datas
     for row in small:
         lines.append(f"| {row['name']} | {_diversity_cells(row)} | {row['buckets'] or '-'} |")
     lines.append("")
-    lines.append("`bucketed` by bucket count (dp edges; `unbounded` = `max_recurrence=None`, the former behaviour):")
+    lines.append("`bucketed` by bucket count (dp edges, other options at their defaults; `unbounded` = `max_recurrence=None`, no minimum bucket population):")
     lines.append("")
     lines.append("| buckets (most) | bound | padding efficiency | recurrence | step recurrence | mix excess | lag-1 ACF (step) | buckets used |")
     lines.append("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")

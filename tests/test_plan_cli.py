@@ -139,6 +139,19 @@ def test_a_recurrence_above_the_bound_gets_one_warning_line(capsys, tmp_path):
     assert "--max-recurrence '2' must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_advice_notes_when_length_grouped_pads_less_at_no_higher_recurrence():
+    from harness.cli.plan import advice
+
+    bucketed = {"strategy": "bucketed", "padding_efficiency": 0.95, "recurrence": 0.004, "recurrence_bound": 0.1,
+                "rank_imbalance": 1.02}
+    grouped = {"strategy": "length_grouped", "padding_efficiency": 0.97, "recurrence": 0.001, "recurrence_bound": None,
+               "rank_imbalance": 1.5}
+    (note,) = advice([bucketed, grouped])
+    assert note.startswith("note: length_grouped pads less than bucketed") and "rank balance" in note
+    assert advice([bucketed, {**grouped, "recurrence": 0.2}]) == []  # a trade-off, not a win: no note
+    assert advice([{**bucketed, "recurrence": float("nan")}]) == []
+
+
 @pytest.mark.parametrize("fmt", ["hf", "parquet", "jsonl", "txt"])
 def test_every_file_format_gives_the_same_plans_as_npy(capsys, sources, npy_rows, fmt):
     rows = by_strategy(run_json(capsys, ["--lengths", sources[fmt], *BASE_ARGS, "--strategies", "sorted,bucketed"]))

@@ -338,7 +338,8 @@ def advice(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(
                 f"note: length_grouped pads less than bucketed here ({grouped['padding_efficiency']:.1%} vs "
                 f"{bucketed['padding_efficiency']:.1%}) at no higher recurrence ({grouped['recurrence']:.4f} vs "
-                f"{bucketed['recurrence']:.4f}); prefer length_grouped for this data"
+                f"{bucketed['recurrence']:.4f}); prefer it unless rank balance matters (rank imbalance "
+                f"{grouped['rank_imbalance']:.3f} vs {bucketed['rank_imbalance']:.3f}; docs/design.md section 9)"
             )
     return lines
 

@@ -33,7 +33,8 @@ API:
   ``"truncate"`` or ``"drop"``; affected indices land in ``Plan.truncated`` / ``Plan.dropped`` and
   are logged. Bad input raises before any work (:class:`LengthsError` for lengths, ``ValueError``
   otherwise), naming the sample index, its value and the fix.
-- ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None)``.
+- ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None,
+  max_recurrence=None)``.
 
 Strategies (docs/design.md §3), all under the same budget:
 

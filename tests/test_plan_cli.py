@@ -139,6 +139,17 @@ def test_a_recurrence_above_the_bound_gets_one_warning_line(capsys, tmp_path):
     assert "--max-recurrence '2' must be in (0, 1]" in capsys.readouterr().err
 
 
+def test_hf_order_shows_the_step_length_oscillation(capsys, sources):
+    common = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--strategies", "length_grouped",
+              "--epochs", "1", "--json", "--mega-batch-mult", "20"]
+    (hf,) = run_json(capsys, [*common, "--hf-order"])
+    (shuffled,) = run_json(capsys, common)
+    assert hf["options"]["shuffle_order"] is False and shuffled["options"]["shuffle_order"] is True
+    assert hf["options"]["mega_batch_mult"] == 20
+    assert hf["lag1_acf"] > 0.5 > abs(shuffled["lag1_acf"]) + 0.3
+    assert hf["padding_efficiency"] == shuffled["padding_efficiency"]
+
+
 def test_advice_notes_when_length_grouped_pads_less_at_no_higher_recurrence():
     from harness.cli.plan import advice
 

@@ -25,6 +25,7 @@ def planning_cases(draw):
             "num_buckets": draw(st.integers(min_value=1, max_value=8)),
             "edges": draw(st.sampled_from(["dp", "quantile", "equal_tokens", (16, 64, 128)])),
             "same_bucket_steps": draw(st.booleans()),
+            "max_recurrence": draw(st.sampled_from([None, 0.05, 0.1, 0.5, 1.0])),
         }
     elif name == "packed":
         options = {"fit": draw(st.sampled_from(["first", "best"]))}

@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="bucketed: bound on each bucket's composition recurrence, a number in (0, 1] or 'none' (default 0.1)",
     )
     parser.add_argument(
+        "--mega-batch-mult", type=int, default=None, help="length_grouped: megabatch size in batches (default 50)"
+    )
+    parser.add_argument(
+        "--hf-order",
+        action="store_true",
+        help="length_grouped: keep Hugging Face's unshuffled order (shows the step-length oscillation)",
+    )
+    parser.add_argument(
         "--oversize", choices=("error", "truncate", "drop"), default="error", help="samples longer than --max-tokens"
     )
     parser.add_argument("--balance", action="store_true", help="balance rank cost inside each step")
@@ -185,6 +193,13 @@ def compare_strategies(
     if max_recurrence is not _UNSET:
         bucket_options["max_recurrence"] = max_recurrence
 
+    grouped_options: dict[str, Any] = {}
+    if args.mega_batch_mult is not None:
+        grouped_options["mega_batch_mult"] = args.mega_batch_mult
+    if args.hf_order:
+        grouped_options["shuffle_order"] = False
+    strategy_options = {"bucketed": bucket_options, "length_grouped": grouped_options}
+
     rows = []
     progress = tqdm(
         total=len(names) * args.epochs,
@@ -196,7 +211,7 @@ def compare_strategies(
     )
     with progress:
         for name in names:
-            options = bucket_options if name == "bucketed" else {}
+            options = strategy_options.get(name, {})
             progress.set_postfix_str(name)
             # Warm-up: compiles the strategy's kernels so the timed epochs measure planning only. The
             # sample is clipped to the budget: under --oversize drop a prefix of only oversize samples
@@ -217,6 +232,7 @@ def compare_strategies(
             epoch_metrics.append(_metrics(previous, None, args, cost_model))
             row = _summarise(name, epoch_metrics, seconds, args)
             options = dict(previous.info.get("options", {}))
+            row["options"] = options
             row["recurrence_bound"] = options.get("max_recurrence")
             if name == "bucketed" and previous.info.get("edges") is not None:
                 row["buckets"] = len(previous.info["edges"])

@@ -172,11 +172,11 @@ class BucketedStrategy(Strategy):
             steps' worth of micro-batches: a pure step of a bucket with ``s`` steps meets again
             with probability about ``1 / s`` in the next epoch, so smaller buckets (most of them on
             small datasets) go to the mixed pool whole, keeping the step recurrence under the same
-            bound. Step order is shuffled each epoch. Default True: on ``chat-902k`` at max_tokens=16384,
-            world size 8, it lowers the rank imbalance from 1.075 to 1.024 (target terms; drafter
-            blocks 2.27 -> 1.02) at the price of length-homogeneous steps: length-mix excess
-            1.19 -> 2.52 and step recurrence 0.001 -> 0.031 (micro-batch recurrence and padding
-            are unchanged). False mixes buckets inside a step.
+            bound. Step order is shuffled each epoch. Default True: on ``chat-902k`` at
+            max_tokens=16384, world size 8, it lowers the rank imbalance from 1.075 to 1.024
+            (target terms; drafter blocks 2.27 -> 1.02) at the price of length-homogeneous steps:
+            length-mix excess 1.19 -> 2.52 and step recurrence 0.001 -> 0.031 (micro-batch
+            recurrence and padding are unchanged). False mixes buckets inside a step.
     """
 
     name: ClassVar[str] = "bucketed"

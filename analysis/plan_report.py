@@ -24,7 +24,10 @@ TABLE_COLUMNS = [
     "padding_efficiency",
     "lag1_acf",
     "recurrence",
+    "step_recurrence",
+    "length_mix_excess",
     "rank_imbalance",
+    "drafter_imbalance",
     "micro_batches",
     "steps",
     "plan_seconds",
@@ -123,6 +126,15 @@ def write_plan_report(metrics: Sequence[dict], out_dir: str | Path, title: str =
         f"# {title}\n\n{_markdown_table(frame)}\n\n![trade-off]({paths['figure'].name})\n\n"
         "Padding efficiency = real tokens / computed slots (a packed row counts at its full capacity). "
         "Recurrence = fraction of sample pairs that share a micro-batch in epoch e and again in e+1 "
-        "(1 = batches never change). Lag-1 ACF is measured on the mean sample length of each optimizer step.\n"
+        "(1 = batches never change); step recurrence = the same for optimizer steps, which is what reaches "
+        "the optimizer when the loss is normalised over the global step. Length-mix excess = mean KL of a "
+        "step's length histogram from the dataset's, minus the same for randomly filled steps of the same "
+        "sizes (0 = steps as mixed as random ones). Rank imbalance = max / mean rank cost per step under the "
+        "cost model (target and drafter); drafter imbalance = the same for drafter blocks alone.\n\n"
+        "Lag-1 ACF is measured on the mean sample length of each optimizer step. It detects an order that "
+        "walks through sorted lengths (Hugging Face's length-grouped order, `length_grouped` with "
+        "`shuffle_order=False`); every other strategy shuffles its micro-batch order, so its ACF is ~0 by "
+        "construction and says nothing about how length-homogeneous each step is (see length-mix excess) "
+        "or whether batches repeat (see recurrence). Values inside the grey band are noise.\n"
     )
     return paths

@@ -1,6 +1,6 @@
 """Target forward throughput: padded batches as sorted and shuffled plans make them, and packed rows.
 
-Draws document lengths from a scaled-down version of the chat-902k lognormal (DESIGN.md section 7:
+Draws document lengths from a scaled-down version of the chat-902k lognormal (docs/design.md sections 2 and 10:
 median 600, sigma 1.0, cap 8192; here divided by ``--scale``) until ``--tokens`` real tokens, then
 runs the tiny target (``conf/target/tiny.yaml``, random weights) over the same real tokens laid out
 five ways:

@@ -20,27 +20,37 @@ API:
   oversize="error", balance=None, **strategy_options) -> Plan``.
 - ``build_strategy(name, **options)`` → a strategy object with
   ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
-  ``available_strategies()`` → ``["bucketed", "packed", "shuffle", "sorted"]``;
+  ``available_strategies()`` → ``["bucketed", "length_grouped", "packed", "shuffle", "sorted"]``;
   ``register_strategy(cls)`` adds one.
 - ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
   padded, the row capacity packed) and an optional cap on its samples.
-- ``balance``: None or ``RankBalance(cost_model=CostModel(a, b), window_steps=1)`` (or a dict of the
-  same fields): inside every step, micro-batches are placed on ranks (``grad_accum`` each) to
-  minimise the costliest rank under ``a * slots + b * sum(len^2)``; never worse than unbalanced.
+- ``balance``: None or ``RankBalance(cost_model=CostModel(a, b, c, block_size, num_anchors),
+  window_steps=1)`` (or a dict of the same fields): inside every step, micro-batches are placed on
+  ranks (``grad_accum`` each) to minimise the costliest rank under
+  ``a * slots + b * sum(len^2) + c * drafter blocks`` (blocks from the lengths and the drafter's
+  anchor rule, :mod:`strategies.cost`); never worse than unbalanced.
 - ``oversize``: what to do with a sample longer than ``max_tokens``: ``"error"`` (default),
   ``"truncate"`` or ``"drop"``; affected indices land in ``Plan.truncated`` / ``Plan.dropped`` and
   are logged. Bad input raises before any work (:class:`LengthsError` for lengths, ``ValueError``
   otherwise), naming the sample index, its value and the fix.
-- ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None)``.
+- ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None,
+  max_recurrence=None)``.
 
-Strategies (DESIGN.md §2), all under the same budget:
+Strategies (docs/design.md §3), all under the same budget:
 
 - ``sorted``: sort by length (ties by a seeded permutation), greedy fill, shuffle the micro-batch
   order each epoch. Micro-batch composition never changes between epochs.
 - ``shuffle``: a random permutation each epoch, then the same greedy fill.
-- ``bucketed(num_buckets=32, edges="dp", same_bucket_steps=False)``: shuffle inside each length
-  bucket, fill inside a bucket, shuffle the global micro-batch order; ``same_bucket_steps`` keeps a
-  step's micro-batches in one bucket.
+- ``bucketed(num_buckets=64, edges="dp", same_bucket_steps=True, max_recurrence=0.1)``: shuffle
+  inside each length bucket, fill inside a bucket, shuffle the order; ``same_bucket_steps`` keeps a
+  step's micro-batches in one bucket (ranks balanced, steps length-homogeneous);
+  ``max_recurrence`` bounds every dp bucket's recurrence by a minimum population, so the number of
+  buckets used follows the dataset.
+- ``length_grouped(mega_batch_mult=50, batch_size=None, shuffle_order=True)``: Hugging Face's
+  ``LengthGroupedSampler`` rule (random permutation, megabatches of ``mega_batch_mult x batch_size``
+  samples sorted longest first), each megabatch split greedily under the budget; the micro-batch
+  order is shuffled each epoch unless ``shuffle_order=False`` (Hugging Face's own order). The
+  baseline users would otherwise pick.
 - ``packed(fit="first"|"best")``: random order, then first-fit/best-fit of whole samples into rows
   of ``max_tokens`` (layout ``packed``: one flat row per micro-batch, cu_seqlens from the lengths).
 
@@ -55,6 +65,7 @@ from .balance import RankBalance
 from .builtin import (
     DEFAULT_NUM_BUCKETS,
     BucketedStrategy,
+    LengthGroupedStrategy,
     PackedStrategy,
     ShuffleStrategy,
     SortedStrategy,
@@ -84,5 +95,6 @@ __all__ = [
     "ShuffleStrategy",
     "BucketedStrategy",
     "PackedStrategy",
+    "LengthGroupedStrategy",
     "DEFAULT_NUM_BUCKETS",
 ]

@@ -77,6 +77,9 @@ def assemble(
         info["balance"] = {
             "a": balance.cost_model.a,
             "b": balance.cost_model.b,
+            "c": balance.cost_model.c,
+            "block_size": balance.cost_model.block_size,
+            "num_anchors": balance.cost_model.num_anchors,
             "window_steps": balance.window_steps,
         }
     sample_indices, offsets = _flatten(table.reshape(-1), micro.order, micro.offsets)

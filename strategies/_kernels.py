@@ -366,8 +366,29 @@ def _tail_from_sums(
 
 
 @njit(cache=True)
+def bucket_recurrence(rows: int, count: int) -> float:
+    """Expected composition recurrence of a bucket of ``count`` samples cut into ``rows``-row micro-batches.
+
+    Shuffled anew each epoch, a sample's ``rows - 1`` partners of the next epoch are a uniform draw
+    from the other ``count - 1`` samples of its bucket, so each of this epoch's partners is among
+    them with probability ``(rows - 1) / (count - 1)``; a bucket that fits in one micro-batch
+    (``count <= rows``) repeats all its pairs (1.0), a bucket of one sample has none (0.0).
+    """
+    if count <= 1 or rows <= 1:
+        return 0.0
+    if count <= rows:
+        return 1.0
+    return (rows - 1) / (count - 1)
+
+
+@njit(cache=True)
 def budget_bucket_costs(
-    values: np.ndarray, counts: np.ndarray, candidates: np.ndarray, max_tokens: int, max_rows: int
+    values: np.ndarray,
+    counts: np.ndarray,
+    candidates: np.ndarray,
+    max_tokens: int,
+    max_rows: int,
+    max_recurrence: float = 1.0,
 ) -> np.ndarray:
     """Modelled padded slots of every bucket between candidate edges.
 
@@ -381,6 +402,10 @@ def budget_bucket_costs(
     bucket with few rows — a wide one near the top, whose tail sum would scan thousands of lengths —
     costs O(1). Buckets with more rows (short lengths, narrow) use the truncated scan, which stops
     after a few lengths.
+
+    ``max_recurrence < 1`` makes a bucket whose modelled recurrence
+    :func:`bucket_recurrence` exceeds it infeasible (cost ``inf``): the minimum bucket
+    population of the ``bucketed`` strategy's ``max_recurrence`` option.
     """
     num_values = values.shape[0]
     num_candidates = candidates.shape[0]
@@ -416,7 +441,10 @@ def budget_bucket_costs(
                         break
                     rows += 1
                     expected = larger
-                cost[a, b] = count * expected
+                if max_recurrence < 1.0 and bucket_recurrence(rows, count) > max_recurrence:
+                    cost[a, b] = np.inf
+                else:
+                    cost[a, b] = count * expected
                 b += 1
                 if b == num_candidates:
                     break

@@ -33,7 +33,7 @@ class RankBalance:
     """Rank-balancing option of every strategy.
 
     Attributes:
-        cost_model: cost of one micro-batch, ``a * slots + b * sum(len^2)``.
+        cost_model: cost of one micro-batch, ``a * slots + b * sum(len^2) + c * blocks``.
         window_steps: 1 (default) balances inside each step only; ``w > 1`` also regroups the
             micro-batches of every ``w`` consecutive full steps (see the module docstring).
     """
@@ -46,7 +46,7 @@ class RankBalance:
             object.__setattr__(self, "cost_model", _cost_model_from_mapping(self.cost_model))
         if not isinstance(self.cost_model, CostModel):
             raise ValueError(
-                f"RankBalance.cost_model={self.cost_model!r} must be a CostModel(a, b) or a mapping with a, b"
+                f"RankBalance.cost_model={self.cost_model!r} must be a CostModel(a, b, c) or a mapping of its fields"
             )
         check_positive_int("RankBalance.window_steps", self.window_steps, "use 1 to balance within each step only")
 
@@ -56,26 +56,32 @@ class RankBalance:
         if value is None or isinstance(value, RankBalance):
             return value
         if isinstance(value, Mapping):
-            allowed = {"cost_model", "window_steps", "a", "b"}
+            allowed = {"cost_model", "window_steps", *_COST_FIELDS}
             unknown = set(value) - allowed
             if unknown:
                 raise ValueError(
-                    f"balance has unknown field(s) {sorted(unknown)}; use cost_model (or a, b) and window_steps"
+                    f"balance has unknown field(s) {sorted(unknown)}; use cost_model (or a, b, c, block_size, "
+                    "num_anchors) and window_steps"
                 )
             fields = dict(value)
-            coefficients = {k: fields.pop(k) for k in ("a", "b") if k in fields}
+            coefficients = {k: fields.pop(k) for k in _COST_FIELDS if k in fields}
             if coefficients:
                 if "cost_model" in fields:
-                    raise ValueError("balance: give either cost_model or a/b, not both")
+                    raise ValueError("balance: give either cost_model or its fields (a, b, c, ...), not both")
                 fields["cost_model"] = CostModel(**coefficients)
             return cls(**fields)
         raise ValueError(f"balance={value!r} must be None, a RankBalance or a mapping of its fields")
 
 
+_COST_FIELDS = ("a", "b", "c", "block_size", "num_anchors")
+
+
 def _cost_model_from_mapping(values: Mapping[str, Any]) -> CostModel:
-    unknown = set(values) - {"a", "b"}
+    unknown = set(values) - set(_COST_FIELDS)
     if unknown:
-        raise ValueError(f"cost_model has unknown field(s) {sorted(unknown)}; CostModel takes a and b")
+        raise ValueError(
+            f"cost_model has unknown field(s) {sorted(unknown)}; CostModel takes {', '.join(_COST_FIELDS)}"
+        )
     return CostModel(**dict(values))
 
 

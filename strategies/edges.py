@@ -34,6 +34,10 @@ Methods:
   keeps the O(K * C^2) DP and its O(C^2) bucket costs at tens of milliseconds for 8K distinct
   lengths and 64 buckets (:func:`strategies._kernels.budget_bucket_costs`). It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).
+  With ``max_recurrence`` (the ``bucketed`` option, default 0.1) a bucket whose modelled
+  composition recurrence ``(rows - 1) / (samples - 1)`` exceeds the bound costs ``inf``: a minimum
+  population per bucket, inside the DP, so the optimum is taken over the feasible splits only (the
+  number of buckets then follows the dataset). With no feasible split the DP returns one bucket.
 - ``"dp"`` without a budget, or ``"dp_upper"`` — the budget-free objective
   ``sum(count(v) * upper_edge(bucket of v))`` (:func:`expected_padded_slots`): every sample padded
   to its bucket's upper edge, the limit of micro-batches with very many rows. Exact: the cost is
@@ -57,7 +61,13 @@ from typing import Any
 
 import numpy as np
 
-from ._kernels import bucket_fill_model, budget_bucket_costs, dp_bucket_edges, dp_over_bucket_costs
+from ._kernels import (
+    bucket_fill_model,
+    bucket_recurrence,
+    budget_bucket_costs,
+    dp_bucket_edges,
+    dp_over_bucket_costs,
+)
 from .epoch_plan import Budget
 from .validate import LengthsError, as_length_array, check_positive_int
 
@@ -115,6 +125,28 @@ def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
     return total
 
 
+def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.ndarray, budget: Budget) -> np.ndarray:
+    """Modelled composition recurrence of every non-empty bucket (what ``max_recurrence`` bounds).
+
+    ``(rows - 1) / (samples - 1)`` with ``rows`` the bucket's modelled rows per micro-batch
+    (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    edges = np.asarray(edges, dtype=np.int64)
+    values, counts = length_histogram(lengths)
+    prefix = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    bucket_ends = np.searchsorted(values, edges, side="right") - 1
+    result = []
+    start = 0
+    for end in bucket_ends:
+        if end < start:
+            continue
+        rows, _ = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        result.append(bucket_recurrence(rows, int(prefix[end + 1] - prefix[start])))
+        start = int(end) + 1
+    return np.asarray(result, dtype=np.float64)
+
+
 def _dp_candidates(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> np.ndarray:
     """Indices into ``values`` where the budget-aware DP may end a bucket (module docstring)."""
     if values.size <= 2 * DP_CANDIDATES_PER_GRID:
@@ -134,10 +166,16 @@ def _dp_candidates(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> 
 
 
 def _budget_dp_edges(
-    values: np.ndarray, counts: np.ndarray, num_buckets: int, max_tokens: int, max_rows: int
+    values: np.ndarray,
+    counts: np.ndarray,
+    num_buckets: int,
+    max_tokens: int,
+    max_rows: int,
+    max_recurrence: float | None = None,
 ) -> np.ndarray:
     candidates = _dp_candidates(values, counts, num_buckets)
-    costs = budget_bucket_costs(values, counts, candidates, max_tokens, max_rows)
+    bound = 1.0 if max_recurrence is None else float(max_recurrence)
+    costs = budget_bucket_costs(values, counts, candidates, max_tokens, max_rows, bound)
     ends, _ = dp_over_bucket_costs(costs, num_buckets)
     return values[candidates[ends]]
 
@@ -160,11 +198,12 @@ def _cached_edges(
     method: str,
     max_tokens: int | None,
     max_rows: int | None,
+    max_recurrence: float | None = None,
 ) -> tuple[int, ...]:
     values = np.frombuffer(values_bytes, dtype=np.int64)
     counts = np.frombuffer(counts_bytes, dtype=np.int64)
     if method == "dp" and max_tokens is not None:
-        edges = _budget_dp_edges(values, counts, num_buckets, max_tokens, max_rows)
+        edges = _budget_dp_edges(values, counts, num_buckets, max_tokens, max_rows, max_recurrence)
     elif method in ("dp", "dp_upper"):
         edge_positions, _ = dp_bucket_edges(values, counts, num_buckets)
         edges = values[edge_positions]
@@ -180,6 +219,7 @@ def bucket_edges(
     num_buckets: int,
     method: str = "dp",
     budget: Budget | None = None,
+    max_recurrence: float | None = None,
 ) -> np.ndarray:
     """Upper bucket edges (int64, strictly increasing, last = longest sample).
 
@@ -192,6 +232,10 @@ def bucket_edges(
             expected at this budget; without one it minimises ``sum(upper edge)`` (as
             ``"dp_upper"`` always does). Other methods ignore it. A sample longer than
             ``budget.max_tokens`` is rejected.
+        max_recurrence: with ``"dp"`` and a budget, the largest modelled composition recurrence
+            of any bucket (``(rows - 1) / (samples - 1)``, :func:`strategies._kernels.bucket_recurrence`):
+            a minimum bucket population enforced inside the DP. None (default here) or >= 1: no
+            bound. Other methods ignore it.
     """
     num_buckets = check_positive_int("num_buckets", num_buckets, "use at least one bucket")
     if method not in EDGE_METHODS:
@@ -204,11 +248,16 @@ def bucket_edges(
             "apply the oversize policy (truncate or drop) before computing edges"
         )
     values, counts = length_histogram(lengths)
-    return _edges_from_histogram(values, counts, num_buckets, method, budget)
+    return _edges_from_histogram(values, counts, num_buckets, method, budget, max_recurrence)
 
 
 def _edges_from_histogram(
-    values: np.ndarray, counts: np.ndarray, num_buckets: int, method: str, budget: Budget | None = None
+    values: np.ndarray,
+    counts: np.ndarray,
+    num_buckets: int,
+    method: str,
+    budget: Budget | None = None,
+    max_recurrence: float | None = None,
 ) -> np.ndarray:
     values_bytes = np.ascontiguousarray(values, dtype=np.int64).tobytes()
     counts_bytes = np.ascontiguousarray(counts, dtype=np.int64).tobytes()
@@ -216,7 +265,8 @@ def _edges_from_histogram(
     uses_budget = method == "dp" and budget is not None
     max_tokens = budget.max_tokens if uses_budget else None
     max_rows = _max_rows(budget) if uses_budget else None
-    edges = _cached_edges(values_bytes, counts_bytes, num_buckets, method, max_tokens, max_rows)
+    bound = None if not uses_budget or max_recurrence is None or max_recurrence >= 1 else float(max_recurrence)
+    edges = _cached_edges(values_bytes, counts_bytes, num_buckets, method, max_tokens, max_rows, bound)
     return np.array(edges, dtype=np.int64)
 
 

@@ -24,6 +24,7 @@ from strategies.edges import (
     expected_budget_slots,
     explicit_edges,
     length_histogram,
+    modelled_bucket_recurrence,
 )
 
 
@@ -220,6 +221,41 @@ def test_budget_dp_is_never_worse_than_other_edges_under_its_objective(lengths, 
     assert 1 <= dp.size <= num_buckets
     assert np.all(np.diff(dp) > 0) and dp[-1] == lengths.max()
     assert np.isin(dp, lengths).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=tiny_budget_cases(), bound=st.sampled_from([0.05, 0.2, 0.5]))
+def test_recurrence_bound_is_a_constraint_inside_the_dp(case, bound):
+    """The bounded dp is the brute-force optimum over the splits whose every bucket meets the bound."""
+    lengths, budget, num_buckets = case
+    lengths = np.concatenate([lengths, lengths, lengths])  # enough samples for some feasible splits
+    values = np.unique(lengths)
+    best = None
+    for cuts in range(min(num_buckets, values.size)):
+        for ends in itertools.combinations(range(values.size - 1), cuts):
+            edges = np.append(values[list(ends)], values[-1])
+            if np.all(modelled_bucket_recurrence(lengths, edges, budget) <= bound):
+                exact = brute_force_budget_slots(lengths, edges, budget)
+                best = exact if best is None else min(best, exact)
+    dp = bucket_edges(lengths, num_buckets, "dp", budget=budget, max_recurrence=bound)
+    if best is None:  # no feasible split: one bucket
+        assert dp.tolist() == [values[-1]]
+    else:
+        assert np.all(modelled_bucket_recurrence(lengths, dp, budget) <= bound)
+        assert expected_budget_slots(lengths, dp, budget) == pytest.approx(float(best), rel=1e-9)
+
+
+def test_recurrence_bound_sets_a_minimum_bucket_population():
+    rng = np.random.default_rng(5)
+    lengths = np.clip(np.round(rng.lognormal(np.log(100), 1.3, 6000)), 1, 8192).astype(np.int64)
+    budget = Budget(16384)
+    free = bucket_edges(lengths, 32, "dp", budget=budget)
+    bounded = bucket_edges(lengths, 32, "dp", budget=budget, max_recurrence=0.1)
+    assert modelled_bucket_recurrence(lengths, free, budget).max() > 0.5  # tiny buckets repeat their pairs
+    assert modelled_bucket_recurrence(lengths, bounded, budget).max() <= 0.1
+    assert bounded.size < free.size
+    # bounded at 1 (or None) is the unbounded dp
+    np.testing.assert_array_equal(bucket_edges(lengths, 32, "dp", budget=budget, max_recurrence=1.0), free)
 
 
 def test_budget_dp_with_enough_buckets_pads_nothing():

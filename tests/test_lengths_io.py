@@ -186,3 +186,12 @@ def test_split_applies_only_to_saved_datasets(tmp_path):
         load_lengths(tmp_path / "ints.npy", split="train")
     with pytest.raises(LengthsSourceError, match=r"split='train' does not apply to a profile"):
         load_lengths("profile:chat-902k", split="train")
+
+
+def test_stdlib_definitions_profile_is_a_small_real_corpus():
+    lengths = profile_lengths("stdlib-defs")
+    assert "stdlib-defs" in available_profiles()
+    assert 1000 < lengths.size < 50_000 and lengths.dtype == np.int64
+    assert lengths.min() >= 1 and lengths.max() <= 8192
+    assert 30 < np.median(lengths) < 400  # characters / 4 of functions and classes
+    np.testing.assert_array_equal(lengths, profile_lengths("stdlib-defs"))  # deterministic

@@ -16,7 +16,7 @@ import pytest
 from harness.cli.plan import main
 from harness.data.profiles import lognormal_lengths
 
-ALL_STRATEGIES = {"bucketed", "packed", "shuffle", "sorted"}
+ALL_STRATEGIES = {"bucketed", "length_grouped", "packed", "shuffle", "sorted"}
 REQUIRED_FIELDS = {
     "strategy",
     "padding_efficiency",
@@ -24,7 +24,10 @@ REQUIRED_FIELDS = {
     "steps",
     "lag1_acf",
     "recurrence",
+    "step_recurrence",
+    "length_mix_excess",
     "rank_imbalance",
+    "drafter_imbalance",
     "plan_seconds",
     "samples_seen_once",
 }
@@ -105,6 +108,59 @@ def test_json_values_order_the_strategies_as_the_design_expects(npy_rows):
     assert sorted_row["recurrence"] >= 0.95
     assert shuffle_row["recurrence"] <= 0.2
     assert sorted_row["length_mix_kl"] > shuffle_row["length_mix_kl"]
+
+
+def test_step_recurrence_and_mix_excess_reach_the_json(npy_rows):
+    sorted_row, shuffle_row = npy_rows["sorted"], npy_rows["shuffle"]
+    # sorted's micro-batches recur whole, but their order is shuffled: steps recur much less
+    assert sorted_row["recurrence"] >= 0.95 and sorted_row["step_recurrence"] < 0.8 * sorted_row["recurrence"]
+    assert len(sorted_row["step_recurrence_per_epoch"]) == 1
+    assert abs(shuffle_row["length_mix_excess"]) < 0.05 < sorted_row["length_mix_excess"]
+    assert npy_rows["bucketed"]["recurrence_bound"] == 0.1 and npy_rows["sorted"]["recurrence_bound"] is None
+
+
+def test_a_recurrence_above_the_bound_gets_one_warning_line(capsys, tmp_path):
+    # 6,000 short samples: quantile edges (which ignore the bound) in 32 buckets repeat partners
+    lengths_path = tmp_path / "small.npy"
+    rng = np.random.default_rng(21)
+    np.save(lengths_path, np.clip(np.round(rng.lognormal(np.log(100), 1.3, 6000)), 1, 8192).astype(np.int64))
+    common = ["--lengths", str(lengths_path), "--world-size", "8", "--strategies", "bucketed", "--json"]
+    rows = run_json(capsys, [*common, "--edges", "quantile", "--num-buckets", "32"])
+    assert rows[0]["recurrence"] > 0.1
+    status = main([*common, "--edges", "quantile", "--num-buckets", "32"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert status == 0 and len(warnings) == 1
+    assert "exceeds its bound max_recurrence=0.1" in warnings[0] and "fewer buckets" in warnings[0]
+    assert "packed" in warnings[0]
+    # the default dp edges honour the bound: no warning
+    assert main(common) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main([*common, "--max-recurrence", "2"]) == 2
+    assert "--max-recurrence '2' must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_hf_order_shows_the_step_length_oscillation(capsys, sources):
+    common = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--strategies", "length_grouped",
+              "--epochs", "1", "--json", "--mega-batch-mult", "20"]
+    (hf,) = run_json(capsys, [*common, "--hf-order"])
+    (shuffled,) = run_json(capsys, common)
+    assert hf["options"]["shuffle_order"] is False and shuffled["options"]["shuffle_order"] is True
+    assert hf["options"]["mega_batch_mult"] == 20
+    assert hf["lag1_acf"] > 0.5 > abs(shuffled["lag1_acf"]) + 0.3
+    assert hf["padding_efficiency"] == shuffled["padding_efficiency"]
+
+
+def test_advice_notes_when_length_grouped_pads_less_at_no_higher_recurrence():
+    from harness.cli.plan import advice
+
+    bucketed = {"strategy": "bucketed", "padding_efficiency": 0.95, "recurrence": 0.004, "recurrence_bound": 0.1,
+                "rank_imbalance": 1.02}
+    grouped = {"strategy": "length_grouped", "padding_efficiency": 0.97, "recurrence": 0.001, "recurrence_bound": None,
+               "rank_imbalance": 1.5}
+    (note,) = advice([bucketed, grouped])
+    assert note.startswith("note: length_grouped pads less than bucketed") and "rank balance" in note
+    assert advice([bucketed, {**grouped, "recurrence": 0.2}]) == []  # a trade-off, not a win: no note
+    assert advice([{**bucketed, "recurrence": float("nan")}]) == []
 
 
 @pytest.mark.parametrize("fmt", ["hf", "parquet", "jsonl", "txt"])

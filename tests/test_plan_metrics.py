@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies.cost import CostModel
-from strategies.metrics import autocorrelation, composition_recurrence, length_mix_divergence, plan_metrics
+from strategies.metrics import (
+    autocorrelation,
+    composition_recurrence,
+    length_mix_divergence,
+    plan_metrics,
+    step_recurrence,
+)
 from strategies.epoch_plan import Budget, Plan
 
 
@@ -159,6 +165,59 @@ def test_recurrence_matches_brute_force_pair_enumeration(data):
         assert math.isnan(value)
 
 
+def test_step_recurrence_counts_pairs_sharing_a_step_not_a_micro_batch():
+    lengths = [1] * 8
+    # world 2: step 0 = micro-batches [0,1] and [2,3]; step 1 = [4,5] and [6,7]
+    first = make_plan(lengths, [[0, 1], [2, 3], [4, 5], [6, 7]], world_size=2)
+    # next epoch: same steps, partners swapped between the step's micro-batches
+    second = make_plan(lengths, [[0, 2], [1, 3], [4, 6], [5, 7]], world_size=2, epoch=1)
+    metrics = plan_metrics(first, next_epoch_plan=second)
+    assert metrics["recurrence"] == 0.0
+    assert metrics["step_recurrence"] == 1.0 and metrics["step_recurrence_pairs"] == 12
+    # micro-batches kept but moved to other steps: every micro-batch pair recurs, 1/3 of step pairs
+    moved = make_plan(lengths, [[0, 1], [4, 5], [2, 3], [6, 7]], world_size=2, epoch=1)
+    assert composition_recurrence(first, moved)[0] == 1.0
+    assert step_recurrence(first, moved) == (pytest.approx(4 / 12, abs=1e-12), 12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_step_recurrence_matches_brute_force_pair_enumeration(data):
+    size = data.draw(st.integers(2, 14))
+    world_size = data.draw(st.integers(1, 3))
+    plans, owners = [], []
+    for epoch in range(2):
+        mbs = random_partition(data.draw, size)
+        mbs += [[]] * (-len(mbs) % world_size)
+        plans.append(make_plan([1] * size, mbs, world_size=world_size, epoch=epoch))
+        owners.append({i: m // world_size for m, mb in enumerate(mbs) for i in mb})
+    together = [(i, j) for i, j in itertools.combinations(range(size), 2) if owners[0][i] == owners[0][j]]
+    value, pairs = step_recurrence(*plans)
+    assert pairs == len(together)
+    if together:
+        assert value == pytest.approx(sum(owners[1][i] == owners[1][j] for i, j in together) / len(together))
+    else:
+        assert math.isnan(value)
+
+
+def test_length_mix_excess_separates_length_homogeneous_steps_from_random_ones():
+    """Raw KL mostly measures samples per step; the excess over the random baseline does not."""
+    from strategies import Budget as PlanBudget
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(3)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 20000)), 16, 8192).astype(np.int64)
+    excess = {}
+    for name in ("shuffle", "packed", "bucketed", "sorted"):
+        metrics = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), name, world_size=8))
+        assert metrics["length_mix_excess"] == pytest.approx(
+            metrics["length_mix_kl"] - metrics["length_mix_kl_random"], abs=1e-12
+        )
+        excess[name] = metrics["length_mix_excess"]
+    assert abs(excess["shuffle"]) < 0.02 and abs(excess["packed"]) < 0.02
+    assert excess["bucketed"] > 0.5 and excess["sorted"] > 0.5
+
+
 def test_length_mix_divergence_zero_for_representative_steps_log2_for_sorted_halves():
     lengths = list(range(1, 9))  # two quantile bins: 1..4 and 5..8
     mixed = make_plan(lengths, [[0, 4], [1, 5], [2, 6], [3, 7]])
@@ -186,6 +245,54 @@ def test_rank_imbalance_sums_accumulation_micro_batches_and_uses_quadratic_term(
     metrics = plan_metrics(plan, cost_model=CostModel(a=0.0, b=1.0))
     assert metrics["rank_imbalance"] == pytest.approx(18 / 13, abs=1e-12)
     assert metrics["ideal_cost"] == pytest.approx(9 + 9 + 4 + 4, abs=1e-12)
+
+
+def test_drafter_blocks_follow_the_anchor_rule():
+    from strategies.cost import drafter_blocks
+
+    # an anchor p needs p <= len - block_size: len - block_size + 1 anchors, at most num_anchors
+    assert drafter_blocks(np.array([5, 16, 17, 600, 10_000]), 16, 512).tolist() == [0, 1, 2, 512, 512]
+    model = CostModel(a=0.0, b=0.0, c=1.0, block_size=4, num_anchors=3)
+    plan = make_plan([4, 5, 9, 2], [[0, 1], [2, 3]], world_size=2)
+    np.testing.assert_array_equal(
+        model.micro_batch_blocks(plan.lengths, plan.sample_indices, plan.micro_batch_offsets), [3.0, 3.0]
+    )
+    with pytest.raises(ValueError, match="block_size"):
+        CostModel(block_size=0)
+    with pytest.raises(ValueError, match="not all 0"):
+        CostModel(a=0.0, b=0.0, c=0.0)
+
+
+def test_drafter_imbalance_is_reported_beside_the_target_imbalance():
+    # world 2: rank 0 holds one 40-token sample (25 blocks of 16), rank 1 four 10-token samples
+    # (0 blocks) in one padded micro-batch of 4 x 10: target slots 40 vs 40, blocks 25 vs 0
+    plan = make_plan([40, 10, 10, 10, 10], [[0], [1, 2, 3, 4]], world_size=2)
+    metrics = plan_metrics(plan, cost_model=CostModel(a=1.0, b=0.0, c=1.0))
+    assert metrics["target_imbalance"] == pytest.approx(1.0, abs=1e-12)
+    assert metrics["drafter_imbalance"] == pytest.approx(2.0, abs=1e-12)
+    assert metrics["drafter_blocks"] == 25
+    assert metrics["rank_imbalance"] == pytest.approx(65 / 52.5, abs=1e-12)  # (40 + 25) / mean(65, 40)
+    assert metrics["ideal_cost"] == pytest.approx(80 + 25, abs=1e-12)
+
+
+def test_packed_plans_balance_target_slots_but_not_drafter_blocks():
+    from strategies import Budget as PlanBudget
+    from strategies import RankBalance
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(4)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 60000)), 16, 8192).astype(np.int64)
+    packed = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "packed", world_size=8))
+    assert packed["target_imbalance"] < 1.03 and packed["drafter_imbalance"] > 1.25
+    # balancing on the full cost model (with the blocks term) evens the drafter out far more than
+    # balancing on the target's terms alone
+    kwargs = dict(world_size=8, grad_accum=2)
+    with_blocks = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "packed", balance=RankBalance(), **kwargs))
+    target_only = plan_metrics(
+        make_strategy_plan(lengths, PlanBudget(16384), "packed", balance={"a": 1.0, "b": 8e-6, "c": 0.0}, **kwargs)
+    )
+    assert with_blocks["drafter_imbalance"] < target_only["drafter_imbalance"] - 0.05
+    assert with_blocks["rank_imbalance"] < target_only["rank_imbalance"]
 
 
 def test_quadratic_cost_of_long_packed_samples_does_not_overflow():

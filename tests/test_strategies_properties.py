@@ -25,9 +25,16 @@ def planning_cases(draw):
             "num_buckets": draw(st.integers(min_value=1, max_value=8)),
             "edges": draw(st.sampled_from(["dp", "quantile", "equal_tokens", (16, 64, 128)])),
             "same_bucket_steps": draw(st.booleans()),
+            "max_recurrence": draw(st.sampled_from([None, 0.05, 0.1, 0.5, 1.0])),
         }
     elif name == "packed":
         options = {"fit": draw(st.sampled_from(["first", "best"]))}
+    elif name == "length_grouped":
+        options = {
+            "mega_batch_mult": draw(st.integers(min_value=1, max_value=4)),
+            "batch_size": draw(st.one_of(st.none(), st.integers(min_value=1, max_value=6))),
+            "shuffle_order": draw(st.booleans()),
+        }
     balance = draw(st.one_of(st.none(), st.builds(lambda w: RankBalance(window_steps=w), st.integers(1, 3))))
     return {
         "lengths": np.asarray(lengths, dtype=np.int64),

@@ -136,7 +136,7 @@ def test_bad_strategy_options_are_refused():
         plan([1, 2], Budget(8), "bucketed", edges=[5, 3])
     with pytest.raises(ValueError, match=r"same_bucket_steps='yes' must be true or false"):
         plan([1, 2], Budget(8), "bucketed", same_bucket_steps="yes")
-    with pytest.raises(ValueError, match=r"unknown strategy 'random'; known strategies: bucketed, packed, shuffle, sorted"):
+    with pytest.raises(ValueError, match=r"unknown strategy 'random'; known strategies: bucketed, length_grouped, packed, shuffle, sorted"):
         plan([1, 2], Budget(8), "random")
 
 

@@ -17,7 +17,7 @@ is written as ``null`` in the JSON, which stays strict JSON. Tolerances (:data:`
 
 * float32: 1e-4 (exact packing measures ~1e-6 on CPU);
 * fla vs torch-chunk in float32: 2e-3 — fla's Triton kernels use TF32 dot products, which differ from
-  fp32 references by up to ~1.5e-3 (DESIGN.md §5);
+  fp32 references by up to ~1.5e-3 (docs/design.md §7);
 * float32 with ``--tf32`` (CUDA matmuls and convolutions in TF32, 10 bits of mantissa): 2e-3 for
   features, loss and fla, 5e-3 for gradients;
 * bfloat16: 2e-2 for features and loss, 5e-2 for gradients (bf16 keeps 8 bits of mantissa, 3.9e-3

@@ -3,8 +3,11 @@
 Reads lengths (``--lengths PATH`` or ``--profile NAME``), plans ``--epochs`` epochs with every
 strategy in ``--strategies`` under one budget, and prints one row per strategy: padding
 efficiency, micro-batches, steps, lag-1 ACF of the step mean length, composition recurrence
-between consecutive epochs, length-mix divergence, rank imbalance, relative step cost, planning
-time and the exactly-once check (definitions: ``strategies.metrics``). ``--json`` prints the same
+between consecutive epochs per micro-batch and per optimizer step, length-mix excess over its
+random baseline, rank imbalance, relative step cost, planning time and the exactly-once check
+(definitions: ``docs/design.md`` and ``strategies.metrics``). A strategy whose recurrence exceeds
+its bound (bucketed's ``max_recurrence``) gets a one-line warning on stderr, and a note says when
+``length_grouped`` pads less than ``bucketed`` at no higher recurrence. ``--json`` prints the same
 as a JSON list, one object per strategy; ``--report-dir`` adds a figure and a markdown report
 (``analysis.plan_report``). Bad input prints one line on stderr and exits with 2.
 
@@ -72,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="bucket edges of the bucketed strategy: dp, quantile, equal_tokens, or a comma list of lengths",
     )
     parser.add_argument(
+        "--max-recurrence",
+        default=None,
+        help="bucketed: bound on each bucket's composition recurrence, a number in (0, 1] or 'none' (default 0.1)",
+    )
+    parser.add_argument(
+        "--mega-batch-mult", type=int, default=None, help="length_grouped: megabatch size in batches (default 50)"
+    )
+    parser.add_argument(
+        "--hf-order",
+        action="store_true",
+        help="length_grouped: keep Hugging Face's unshuffled order (shows the step-length oscillation)",
+    )
+    parser.add_argument(
         "--oversize", choices=("error", "truncate", "drop"), default="error", help="samples longer than --max-tokens"
     )
     parser.add_argument("--balance", action="store_true", help="balance rank cost inside each step")
@@ -83,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cost-a", type=float, default=None, help="cost model: weight of computed slots")
     parser.add_argument("--cost-b", type=float, default=None, help="cost model: weight of sum(len^2)")
+    parser.add_argument("--cost-c", type=float, default=None, help="cost model: weight of one drafter block (0: target only)")
+    parser.add_argument("--block-size", type=int, default=None, help="cost model: drafter block size (default 16)")
+    parser.add_argument("--num-anchors", type=int, default=None, help="cost model: most drafter anchors per sample (default 512)")
     parser.add_argument("--acf-lags", type=int, default=8, help="autocorrelation lags (default 8)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per strategy")
     parser.add_argument(
@@ -112,6 +131,24 @@ def parse_edges(text: str | None) -> str | list[int] | None:
     if not values:
         raise BadInput(f"--edges {text!r} lists no lengths")
     return values
+
+
+_UNSET = object()
+
+
+def parse_max_recurrence(text: str | None) -> Any:
+    """``--max-recurrence``: a number in (0, 1], ``none`` (no bound), or unset (the strategy's default)."""
+    if text is None:
+        return _UNSET
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadInput(f"--max-recurrence {text!r} is neither a number in (0, 1] nor 'none'") from None
+    if not 0 < value <= 1:
+        raise BadInput(f"--max-recurrence {text!r} must be in (0, 1] (or 'none' for no bound)")
+    return value
 
 
 def select_strategies(text: str | None, available: Sequence[str]) -> list[str]:
@@ -152,6 +189,16 @@ def compare_strategies(
     edges = parse_edges(args.edges)
     if edges is not None:
         bucket_options["edges"] = edges
+    max_recurrence = parse_max_recurrence(args.max_recurrence)
+    if max_recurrence is not _UNSET:
+        bucket_options["max_recurrence"] = max_recurrence
+
+    grouped_options: dict[str, Any] = {}
+    if args.mega_batch_mult is not None:
+        grouped_options["mega_batch_mult"] = args.mega_batch_mult
+    if args.hf_order:
+        grouped_options["shuffle_order"] = False
+    strategy_options = {"bucketed": bucket_options, "length_grouped": grouped_options}
 
     rows = []
     progress = tqdm(
@@ -164,7 +211,7 @@ def compare_strategies(
     )
     with progress:
         for name in names:
-            options = bucket_options if name == "bucketed" else {}
+            options = strategy_options.get(name, {})
             progress.set_postfix_str(name)
             # Warm-up: compiles the strategy's kernels so the timed epochs measure planning only. The
             # sample is clipped to the budget: under --oversize drop a prefix of only oversize samples
@@ -183,7 +230,13 @@ def compare_strategies(
                 previous = current
                 progress.update(1)
             epoch_metrics.append(_metrics(previous, None, args, cost_model))
-            rows.append(_summarise(name, epoch_metrics, seconds, args))
+            row = _summarise(name, epoch_metrics, seconds, args)
+            options = dict(previous.info.get("options", {}))
+            row["options"] = options
+            row["recurrence_bound"] = options.get("max_recurrence")
+            if name == "bucketed" and previous.info.get("edges") is not None:
+                row["buckets"] = len(previous.info["edges"])
+            rows.append(row)
     return rows
 
 
@@ -200,6 +253,9 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
     return CostModel(
         a=defaults.a if args.cost_a is None else args.cost_a,
         b=defaults.b if args.cost_b is None else args.cost_b,
+        c=defaults.c if args.cost_c is None else args.cost_c,
+        block_size=defaults.block_size if args.block_size is None else args.block_size,
+        num_anchors=defaults.num_anchors if args.num_anchors is None else args.num_anchors,
     )
 
 
@@ -208,10 +264,11 @@ def _summarise(
 ) -> dict[str, Any]:
     row = dict(epoch_metrics[0])
     row["strategy"] = name
-    pairs = [m["recurrence"] for m in epoch_metrics[:-1]]
-    finite_pairs = [value for value in pairs if not math.isnan(value)]
-    row["recurrence"] = float(np.mean(finite_pairs)) if finite_pairs else float("nan")
-    row["recurrence_per_epoch"] = pairs
+    for key in ("recurrence", "step_recurrence"):
+        pairs = [m[key] for m in epoch_metrics[:-1]]
+        finite_pairs = [value for value in pairs if not math.isnan(value)]
+        row[key] = float(np.mean(finite_pairs)) if finite_pairs else float("nan")
+        row[f"{key}_per_epoch"] = pairs
     row["padding_efficiency_per_epoch"] = [m["padding_efficiency"] for m in epoch_metrics]
     row["samples_seen_once"] = all(m["samples_seen_once"] for m in epoch_metrics)
     row["plan_seconds"] = statistics.median(seconds)
@@ -240,8 +297,10 @@ TABLE_COLUMNS = (
     ("steps", "steps", "{:,}"),
     ("lag-1 ACF", "lag1_acf", "{:+.3f}"),
     ("recurrence", "recurrence", "{:.3f}"),
-    ("mix KL", "length_mix_kl", "{:.3f}"),
+    ("step rec.", "step_recurrence", "{:.3f}"),
+    ("mix excess", "length_mix_excess", "{:+.3f}"),
     ("rank imb.", "rank_imbalance", "{:.3f}"),
+    ("drafter imb.", "drafter_imbalance", "{:.3f}"),
     ("rel. cost", "relative_step_cost", "{:.3f}"),
     ("plan s", "plan_seconds", "{:.3f}"),
     ("exactly once", "samples_seen_once", "{}"),
@@ -265,6 +324,40 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         if number == 0:
             rendered.append("  ".join("-" * w for w in widths))
     return "\n".join(rendered)
+
+
+def advice(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per strategy whose recurrence exceeds its bound, and one when length_grouped wins.
+
+    A strategy's bound is its ``max_recurrence`` option (``recurrence_bound`` in the row).
+    """
+    lines = []
+    for row in rows:
+        bound, value = row.get("recurrence_bound"), row.get("recurrence")
+        if bound is None or value is None or (isinstance(value, float) and math.isnan(value)) or value <= bound:
+            continue
+        lines.append(
+            f"warning: {row['strategy']} recurrence {value:.3f} exceeds its bound max_recurrence={bound:g} "
+            f"(micro-batch partners repeat between epochs); use fewer buckets (--num-buckets), the dp edges "
+            f"(--edges dp), or the packed strategy"
+        )
+    by_name = {row["strategy"]: row for row in rows}
+    bucketed, grouped = by_name.get("bucketed"), by_name.get("length_grouped")
+    if bucketed and grouped:
+        try:
+            wins = grouped["padding_efficiency"] > bucketed["padding_efficiency"] and (
+                grouped["recurrence"] <= bucketed["recurrence"] or math.isnan(bucketed["recurrence"])
+            )
+        except TypeError:
+            wins = False
+        if wins:
+            lines.append(
+                f"note: length_grouped pads less than bucketed here ({grouped['padding_efficiency']:.1%} vs "
+                f"{bucketed['padding_efficiency']:.1%}) at no higher recurrence ({grouped['recurrence']:.4f} vs "
+                f"{bucketed['recurrence']:.4f}); prefer it unless rank balance matters (rank imbalance "
+                f"{grouped['rank_imbalance']:.3f} vs {bucketed['rank_imbalance']:.3f}; docs/design.md section 9)"
+            )
+    return lines
 
 
 def _fail(message: str) -> int:
@@ -300,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names = select_strategies(args.strategies, strategies.available_strategies())
         parse_edges(args.edges)
+        parse_max_recurrence(args.max_recurrence)
         source = args.lengths if args.lengths is not None else "profile:" + args.profile
         lengths = load_lengths(source, column=args.column, split=args.split)
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False
@@ -315,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"world_size={args.world_size}, grad_accum={args.grad_accum}, epochs={args.epochs}, seed={args.seed}"
         )
         print(format_table(rows))
+    for line in advice(rows):
+        print(f"batchlab-plan: {line}", file=sys.stderr)
     if args.report_dir is not None:
         try:
             _write_report(rows, args, source, lengths.size)

@@ -9,7 +9,7 @@ query attention: the query head count a multiple of the key/value head count) an
   kernel. Any other padding (left padding, holes) gets an explicit causal-and-key-padding mask; pad
   queries are also allowed to see themselves so that no softmax row is empty (their outputs are
   never read by a real token).
-* Packed rows (``cu_seqlens``): never a dense T x T mask (DESIGN.md section 8: 0.7 s against 0.025 s
+* Packed rows (``cu_seqlens``): never a dense T x T mask (docs/design.md section 8: 0.7 s against 0.025 s
   per document on 11.8K tokens). The backends:
 
   - ``sdpa`` (CPU default): causal SDPA on each document's slice of the row, one call per document

@@ -1,6 +1,6 @@
 """The DFlash drafter: a few Qwen3 decoder layers that draft a block of tokens from target features.
 
-Architecture (DESIGN.md §4, after z-lab's DFlash model code; parameter names follow it so its
+Architecture (docs/design.md §7, after z-lab's DFlash model code; parameter names follow it so its
 checkpoints map one to one):
 
 * **Context.** The outputs of the tapped target layers are concatenated on the feature axis,
@@ -20,7 +20,7 @@ checkpoints map one to one):
 The drafter works per document: a padded batch, a packed row and each document alone give the same
 blocks and the same numbers. Two attention paths compute the same thing (``attention_backend``):
 ``dense`` (the CPU default) runs one document at a time, so memory grows with the largest
-document's ``blocks x context`` scores, never with a packed row's ``T x T`` (DESIGN.md §8);
+document's ``blocks x context`` scores, never with a packed row's ``T x T`` (docs/design.md §8);
 ``flex`` (the CUDA default) is one FlexAttention call with a block mask of the visibility rule,
 fused on CUDA so that no score matrix is stored at all (at 27B scale the dense scores of one
 8K-token document with 512 anchors would take gigabytes).

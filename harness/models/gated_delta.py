@@ -10,7 +10,7 @@ One op, :func:`gated_delta_rule`, with the argument names and layout of flash-li
 * ``torch-recurrent``: the token-by-token recurrence, the oracle for tests.
 * ``fla``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (Triton, CUDA only).
 
-Math (per value head; the state S is K x V), see DESIGN.md section 5::
+Math (per value head; the state S is K x V), see docs/design.md section 7::
 
     q <- l2norm(q) * scale, k <- l2norm(k)      (l2norm only with use_qk_l2norm_in_kernel)
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t

@@ -361,7 +361,12 @@ def comparison_sentences(comparison: Comparison) -> list[str]:
         return [f"With {fewest} paired seed{'s' if fewest != 1 else ''} (fewer than {MIN_SEEDS}), no ranking of "
                 f"{words} is significant; the means ({ranking}) are descriptive only."]
     sentences = []
-    same = [p for p in comparison.pairs if not p.significant]
+    identical = [p for p in comparison.pairs if p.mean_diff == 0.0 and (p.sd_diff == 0.0 or math.isnan(p.sd_diff))]
+    if identical:
+        names = ", ".join([comparison.best] + [p.strategy for p in identical])
+        sentences.append(f"{names} have the same {words} in every seed ({comparison.means[comparison.best]:.3f}): "
+                         "nothing to rank.")
+    same = [p for p in comparison.pairs if not p.significant and all(p is not q for q in identical)]
     if same:
         names = " and ".join([comparison.best] + [p.strategy for p in same]) if len(same) == 1 else \
             ", ".join([comparison.best] + [p.strategy for p in same[:-1]]) + f" and {same[-1].strategy}"

@@ -104,8 +104,12 @@ def order_strategies(names: Iterable[str]) -> list[str]:
 
 # ---------------------------------------------------------------- values
 def _number(value: Any) -> Any:
-    """JSON null (what the trainer writes for NaN) back to NaN."""
-    return math.nan if value is None else value
+    """JSON null (what the trainer writes for NaN) back to NaN, also inside lists."""
+    if value is None:
+        return math.nan
+    if isinstance(value, list):
+        return [math.nan if v is None else v for v in value]
+    return value
 
 
 def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -177,6 +181,8 @@ def _run_name(root: Path, run_dir: Path, multiple_roots: bool) -> str:
 
 def read_run_dir(run_dir: Path, name: str, source: str = "jsonl") -> RunData:
     """A run directory's config, summary and history; ``problem`` says why it cannot be used, if so."""
+    if source == "wandb":
+        return read_offline_wandb(run_dir, name)
     path = str(run_dir)
     config: dict[str, Any] = {}
     if (run_dir / CONFIG_FILE).exists():
@@ -191,25 +197,36 @@ def read_run_dir(run_dir: Path, name: str, source: str = "jsonl") -> RunData:
         summary = _read_json(summary_path)
     except json.JSONDecodeError as error:
         return RunData(name, path, config, None, [], f"summary.json is not JSON ({error})")
-    if source == "wandb":
-        from analysis.wandb_offline import offline_run_files, read_offline_run
+    metrics_path = run_dir / METRICS_FILE
+    history = read_metrics_file(metrics_path) if metrics_path.exists() else []
+    return _checked(RunData(name, path, config, summary, history), "summary.json", "metrics.jsonl")
 
-        if not offline_run_files(run_dir):
-            raise SweepError(f"{run_dir}: no offline W&B run (wandb/offline-run-*/run-*.wandb); it was trained with "
-                             "logger=none: read metrics.jsonl instead (leave out --source wandb)")
-        offline = read_offline_run(run_dir)
-        config = offline.config or config
-        summary = {**summary, **offline.summary} if offline.summary else summary
-        history = history_from_wandb(offline.history)
-    else:
-        metrics_path = run_dir / METRICS_FILE
-        history = read_metrics_file(metrics_path) if metrics_path.exists() else []
-    status = summary.get("status")
+
+def _checked(run: RunData, summary_name: str, history_name: str) -> RunData:
+    status = (run.summary or {}).get("status")
     if status != "complete":
-        return RunData(name, path, config, summary, history, f"status {status!r} in summary.json (not complete)")
-    if not history:
-        return RunData(name, path, config, summary, history, "metrics.jsonl is missing or empty")
-    return RunData(name, path, config, summary, history)
+        run.problem = f"status {status!r} in {summary_name} (not complete)"
+    elif not run.history:
+        run.problem = f"{history_name} is missing or empty"
+    return run
+
+
+def read_offline_wandb(run_dir: Path, name: str) -> RunData:
+    """Config, summary and history of a run from its offline W&B file alone (not metrics.jsonl)."""
+    from analysis.wandb_offline import offline_run_files, read_offline_run
+
+    if not offline_run_files(run_dir):
+        if not (run_dir / SUMMARY_FILE).exists():
+            return RunData(name, str(run_dir), {}, None, [], "no summary.json and no W&B run: it crashed early")
+        raise SweepError(f"{run_dir}: no offline W&B run (wandb/offline-run-*/run-*.wandb): it was trained with "
+                         "logger=none; read metrics.jsonl instead (leave out --source wandb)")
+    offline = read_offline_run(run_dir)
+    summary = {k: v for k, v in offline.summary.items() if not k.startswith("_") and "/" not in k and "." not in k}
+    if "status" not in summary:
+        return RunData(name, str(offline.path), offline.config, summary, [],
+                       "the W&B run has no final summary: the run crashed or is still running")
+    return _checked(RunData(name, str(run_dir), offline.config, summary, history_from_wandb(offline.history)),
+                    "the W&B summary", "the W&B history")
 
 
 def history_from_wandb(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -220,7 +237,8 @@ def history_from_wandb(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     records = []
     for row in rows:
-        row = {k: _unwrap(v) for k, v in row.items() if not k.startswith("_")}
+        # W&B's own keys (_step, _runtime, ...) and the fields of logged tables (plan_acf._type, ...) out
+        row = {k: _unwrap(v) for k, v in row.items() if not k.startswith("_") and "." not in k}
         if "step" not in row or row["step"] is None:
             continue
         lists: dict[str, dict[int, Any]] = {}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks of the models on a CUDA machine that already has torch, triton and transformers:
 # the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA, the drafter's FlexAttention
-# path vs its dense one), batchlab-check in fp32, TF32 and bf16, and the target's forward throughput
-# per layout in bf16. Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
+# path vs its dense one), batchlab-check in fp32, TF32 and bf16, the target's forward throughput
+# per layout in bf16, and a 200-step bf16 training run (when hydra-core and datasets are there). Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
@@ -59,5 +59,23 @@ timeout "${limit:-180}" "$py" benchmarks/target_throughput.py --device cuda --dt
   --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
   > "$out/throughput_cuda.md" 2>&1 || status=1
 tail -4 "$out/throughput_cuda.md" | tee -a "$out/summary.txt"
+# A short bf16 training run (fla kernels, flex drafter, 1 GPU): 200 optimizer steps of the default packed run.
+step "bf16 training run (200 steps)"
+if "$py" -c "import hydra, datasets, tokenizers, wandb" 2>/dev/null; then
+  timeout "${limit:-300}" "$py" -m harness.cli.train strategy=packed trainer.device=cuda trainer.precision=bf16 \
+    trainer.stop_tokens=400000 trainer.eval_every_tokens=200000 trainer.num_workers=2 logger=none \
+    trainer.progress=false "hydra.run.dir=$out/train-bf16" > "$out/train_bf16.log" 2>&1 || status=1
+  "$py" - "$out/train-bf16/summary.json" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+    print(f"bf16 training: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, final loss "
+          f"{s['final_loss']:.4f}, held-out loss {s['eval_loss']:.4f}, tau {s['eval_tau']:.3f}")
+except (OSError, ValueError, KeyError) as err:
+    print(f"bf16 training: did not finish ({err}); see train_bf16.log")
+PY
+else
+  echo "bf16 training run skipped: hydra-core, datasets, tokenizers or wandb is not installed here (carry their wheels in WHEELS)" | tee -a "$out/summary.txt"
+fi
 step "done, status $status"
 exit $status

@@ -79,7 +79,7 @@ class TrainerConfig:
     max_samples: Optional[int] = None
     grad_accum: int = 1
     oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
-    stop_tokens: Optional[int] = 600_000  # real tokens seen; the same for every strategy of a sweep
+    stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
     stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null)
     eval_every_tokens: int = 100_000
     checkpoint_every_steps: int = 100

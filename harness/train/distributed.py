@@ -1,6 +1,7 @@
 """Ranks: start them, know which one this is, and the few collectives the trainer uses.
 
-Three ways a run gets its ranks (DESIGN.md §6, §9: torchrun around a Hydra app hangs or races):
+Three ways a run gets its ranks (torchrun around a Hydra app races on the output directory, and
+``torchrun ... -m`` sweeps hang at their second job, so Hydra stays outside the ranks):
 
 * ``trainer.nproc == 1`` and no launcher: the Hydra job trains in its own process (no process group).
 * ``trainer.nproc > 1``: the Hydra job starts the ranks itself with torch elastic's ``elastic_launch``

@@ -1,0 +1,94 @@
+"""The Hydra configuration: every group composes, typos and wrong types fail naming the key, defaults hold."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from train_support import REPO, compose_config
+
+from harness.train.config import run_config_from_dict, strategy_schemas
+from harness.train.distributed import RankEnv
+from harness.train.trainer import Trainer
+from strategies import available_strategies
+from strategies.registry import _strategy_class
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+
+
+def test_every_strategy_has_a_config_and_every_option_is_a_key():
+    assert _options("strategy") == available_strategies()
+    for name, schema in strategy_schemas().items():
+        keys = {f.name for f in dataclasses.fields(schema)}
+        assert {f.name for f in dataclasses.fields(_strategy_class(name))} <= keys
+        config = compose_config([f"strategy={name}"])
+        assert config["strategy"]["name"] == name
+        run_config_from_dict(config)  # the strategy accepts the composed options
+
+
+@pytest.mark.parametrize("group", ["target", "drafter", "data", "optim", "trainer", "logger", "experiment"])
+def test_every_group_option_composes(group):
+    for option in _options(group):
+        config = compose_config([f"{group}={option}"])
+        assert config["name"] == f"{config['strategy']['name']}-s0"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("strategy.num_bukets=3", "num_bukets"),
+    ("trainer.npoc=2", "npoc"),
+    ("drafter.block_sise=8", "block_sise"),
+    ("target.hiden_size=8", "hiden_size"),
+    ("data.vocab=3", "vocab"),
+    ("optim.learning_rate=1", "learning_rate"),
+    ("trainer.nproc=two", "nproc"),
+    ("strategy.same_bucket_steps=maybe", "same_bucket_steps"),
+])
+def test_typos_and_wrong_types_fail_at_compose_time_naming_the_key(override, key):
+    with pytest.raises(ConfigCompositionException) as failed:
+        compose_config([override])
+    chain = [failed.value]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    assert any(key in str(error) for error in chain), [str(e) for e in chain]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.precision=fp16", "trainer.precision"),
+    ("trainer.device=tpu", "trainer.device"),
+    ("trainer.stop_epochs=3", "exactly one stop condition"),
+    ("optim.warmup_fraction=1.5", "optim.warmup_fraction"),
+    ("data.no_anchor=ignore", "no_anchor"),
+    ("drafter.block_size=1", "block_size"),
+    ("strategy=packed", None),
+])
+def test_bad_values_are_refused_before_any_work(override, message):
+    config = compose_config([override])
+    if message is None:
+        run_config_from_dict(config)
+        return
+    with pytest.raises(ValueError, match=message):
+        run_config_from_dict(config)
+
+
+def test_smoke_experiment_is_two_ranks_with_eval_and_checkpoints():
+    config = run_config_from_dict(compose_config(["experiment=smoke"]))
+    trainer = config.trainer
+    assert trainer.nproc == 2 and config.group == "smoke"
+    assert trainer.eval_every_tokens < trainer.stop_tokens
+    assert trainer.checkpoint_every_steps < 20
+
+
+def test_default_run_covers_at_least_three_epochs_of_the_default_data(tmp_path, batchlab_cache):
+    config = run_config_from_dict(compose_config(["logger=none"]))
+    trainer = Trainer(config, Path(tmp_path), RankEnv())
+    assert trainer.total_tokens >= 3 * trainer.epoch_tokens
+    assert trainer.heldout_rows.size > 0 and not set(trainer.heldout_rows) & set(trainer.train_rows)
+    # the held-out split is the same for every strategy and every seed of a sweep
+    other = Trainer(run_config_from_dict(compose_config(["logger=none", "strategy=sorted", "seed=3"])),
+                    Path(tmp_path) / "other", RankEnv())
+    assert list(other.heldout_rows) == list(trainer.heldout_rows)
+    assert list(other.train_rows) == list(trainer.train_rows)

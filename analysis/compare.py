@@ -402,8 +402,9 @@ def summary_sentences(table: pd.DataFrame, loss: Comparison, tau: Comparison) ->
         qualifier = "" if significant else " (descriptively: too few seeds for a test)"
         sentences.append(f"{name} dominates{qualifier}: the fastest strategy also has the best held-out loss and τ.")
     elif significant and name in not_worse and name in not_worse_tau:
+        best = loss.best if loss.best == tau.best else f"loss: {loss.best}, τ: {tau.best}"
         sentences.append(f"{name} dominates: the fastest strategy, and its held-out loss and τ are not "
-                         f"significantly worse than the best ({loss.best}, {tau.best}).")
+                         f"significantly worse than the best ({best}).")
     else:
         best = table.set_index("strategy").loc[loss.best]
         gap = fastest["final_eval_loss"] - best["final_eval_loss"]

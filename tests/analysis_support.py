@@ -1,0 +1,122 @@
+"""A tiny four-strategy sweep for the analysis, report and notebook tests, built once per process.
+
+``tiny_sweep(root)`` runs ``batchlab-train -m`` over sorted, shuffle, bucketed and packed × 3 seeds
+on one CPU rank (a 48-document slice, 384-token budget, 2 accumulation micro-batches so that the
+gradient statistics are measured, about 2 epochs): a few seconds a run. ``wandb_run(root)`` adds one
+run logged to an offline W&B run. Both are memoised, so every test module shares them.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STRATEGIES = ("sorted", "shuffle", "bucketed", "packed")
+SEEDS = (0, 1, 2)
+
+EXPERIMENT = """\
+# @package _global_
+group: analysis_tiny
+data:
+  max_documents: 48
+  vocab_size: 512
+  max_heldout: 16
+  heldout_fraction: 0.15
+trainer:
+  nproc: 1
+  num_workers: 0
+  threads_per_rank: 1
+  max_tokens: 384
+  grad_accum: 2
+  stop_tokens: 7000
+  eval_every_tokens: 1500
+  checkpoint_every_steps: 1000
+  grad_stats_every: 1
+  progress: false
+"""
+
+_built: dict[str, Path] = {}
+
+
+def _config_dir(root: Path) -> Path:
+    conf = root / "conf"
+    (conf / "experiment").mkdir(parents=True, exist_ok=True)
+    (conf / "experiment" / "analysis_tiny.yaml").write_text(EXPERIMENT)
+    return conf
+
+
+def _train(args, root: Path, timeout: int = 600) -> None:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true")
+    env.pop("WANDB_MODE", None)
+    env.setdefault("BATCHLAB_CACHE", str(root / "cache"))
+    result = subprocess.run([sys.executable, "-m", "harness.cli.train", "--config-dir", str(_config_dir(root)), *args],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"batchlab-train {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+
+
+def tiny_sweep(root: Path) -> Path:
+    """The sweep directory (12 complete runs, sub-directories ``experiment=analysis_tiny,seed=S,strategy=X``)."""
+    if "sweep" not in _built:
+        sweep = Path(root) / "sweep"
+        _train(["-m", "experiment=analysis_tiny", f"strategy={','.join(STRATEGIES)}",
+                f"seed={','.join(map(str, SEEDS))}", "logger=none", f"hydra.sweep.dir={sweep}"], Path(root))
+        _built["sweep"] = sweep
+    return _built["sweep"]
+
+
+def wandb_run(root: Path) -> Path:
+    """A sweep directory with one short packed run logged to an offline W&B run as well."""
+    if "wandb" not in _built:
+        sweep = Path(root) / "wandb-sweep"
+        _train(["-m", "experiment=analysis_tiny", "strategy=packed", "seed=0", "trainer.stop_tokens=2500",
+                "logger=wandb", f"hydra.sweep.dir={sweep}"], Path(root))
+        _built["wandb"] = sweep
+    return _built["wandb"]
+
+
+def run_dirs(sweep: Path) -> list[Path]:
+    return sorted(p.parent for p in Path(sweep).glob("*/summary.json"))
+
+
+def run_dir(sweep: Path, strategy: str, seed: int) -> Path:
+    return Path(sweep) / f"experiment=analysis_tiny,seed={seed},strategy={strategy}"
+
+
+def copy_sweep(sweep: Path, target: Path, runs=None) -> Path:
+    """A copy of the sweep's run directories (metrics, config, summary only), optionally only ``runs``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for source in run_dirs(sweep):
+        if runs is not None and source.name not in runs:
+            continue
+        destination = target / source.name
+        destination.mkdir()
+        for name in ("config.json", "metrics.jsonl", "summary.json"):
+            shutil.copy(source / name, destination / name)
+    return target
+
+
+def edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def report_dir(root: Path) -> Path:
+    """``batchlab-report SWEEP --out ...`` of the tiny sweep, run once (in process)."""
+    if "report" not in _built:
+        from analysis.cli import main
+
+        out = Path(root) / "report"
+        code = main([str(tiny_sweep(root)), "--out", str(out)])
+        if code != 0:
+            raise RuntimeError(f"batchlab-report exited with {code}")
+        _built["report"] = out
+    return _built["report"]

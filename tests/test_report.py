@@ -1,0 +1,159 @@
+"""batchlab-report: every figure, report.md, a self-contained report.html; one-line errors; the W&B workspace."""
+
+import base64
+import re
+import shutil
+import subprocess
+import sys
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+import analysis_support as support
+from analysis.cli import main
+from analysis.figures import FIGURES
+
+
+@pytest.fixture(scope="session")
+def report(tmp_path_factory, batchlab_cache):
+    return support.report_dir(tmp_path_factory.mktemp("analysis"))
+
+
+@pytest.fixture(scope="session")
+def sweep_dir(tmp_path_factory, batchlab_cache):
+    return support.tiny_sweep(tmp_path_factory.mktemp("analysis"))
+
+
+def _not_blank(png_path) -> bool:
+    pixels = mpimg.imread(png_path)[..., :3]
+    return float(pixels.std()) > 0.01 and (pixels < 0.9).mean() > 0.005
+
+
+def test_every_figure_exists_in_png_and_svg_and_is_not_blank(report):
+    assert len(FIGURES) == 7
+    for name in FIGURES:
+        png, svg = report / "figures" / f"{name}.png", report / "figures" / f"{name}.svg"
+        assert png.stat().st_size > 10_000, name
+        assert _not_blank(png), name
+        text = svg.read_text()
+        assert text.lstrip().startswith("<?xml") and "<svg" in text and text.count("<path") > 20, name
+
+
+def test_markdown_report_has_the_table_sentences_and_figures(report):
+    text = (report / "report.md").read_text()
+    for heading in ("real tokens/s", "× sorted", "padding %", "gradient diversity", "lag-1 ACF", "recurrence",
+                    "held-out loss", "τ", "tokens to target loss"):
+        assert f"| {heading} |" in text or f"| {heading}" in text, heading
+    for strategy in support.STRATEGIES:
+        assert f"| {strategy} | 3 |" in text
+    assert "has the highest throughput" in text and "significant" in text
+    assert text.count("](figures/") == 2 * 7  # PNG image and SVG link per figure
+    assert "## Runs left out" in text and "None: every run found is complete." in text
+    assert "3 (0, 1, 2)" in text  # the seeds, stated
+
+
+def test_html_report_is_self_contained(report):
+    html = (report / "report.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == 7
+    assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+    assert not re.search(r'(src|href)="(?!data:)', html)  # nothing to fetch
+    assert "<table>" in html and "packed" in html
+
+
+def test_runs_left_out_are_listed_in_the_report(sweep_dir, tmp_path, capsys):
+    copy = support.copy_sweep(sweep_dir, tmp_path / "sweep")
+    crashed = support.run_dir(copy, "shuffle", 1)
+    (crashed / "summary.json").unlink()
+    assert main([str(copy), "--out", str(tmp_path / "out")]) == 0
+    assert "1 run(s) left out" in capsys.readouterr().out
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert f"`{crashed.name}` (shuffle, seed 1): no summary.json" in text
+    assert "| shuffle | 2 |" in text  # the other two seeds only
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("batchlab-report: error: ") and "\n" not in err
+    return err
+
+
+def test_clear_errors_exit_2(sweep_dir, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    assert str(tmp_path / "empty") in _one_line_error(capsys)
+    other = support.copy_sweep(sweep_dir, tmp_path / "other", runs={support.run_dir(sweep_dir, "packed", 0).name})
+    support.edit_json(support.run_dir(other, "packed", 0) / "summary.json", stop_tokens=99, seed=7)
+    first = support.copy_sweep(sweep_dir, tmp_path / "first", runs={support.run_dir(sweep_dir, "sorted", 0).name})
+    assert main([str(first), str(other), "--out", str(tmp_path / "out")]) == 2
+    err = _one_line_error(capsys)
+    assert "incompatible sweeps" in err and "stop_tokens" in err and str(other) in err
+    assert not (tmp_path / "out").exists()
+    broken = support.copy_sweep(sweep_dir, tmp_path / "broken", runs={support.run_dir(sweep_dir, "sorted", 0).name})
+    metrics = support.run_dir(broken, "sorted", 0) / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"step_mean_length"', '"renamed"'))
+    assert main([str(broken)]) == 2
+    assert "'step_mean_length'" in _one_line_error(capsys)
+    assert main([str(first), "--wandb-workspace", "no-slash"]) == 2
+    assert "ENTITY/PROJECT" in _one_line_error(capsys)
+
+
+def test_console_script_is_installed(tmp_path):
+    script = shutil.which("batchlab-report", path=str(sys.executable).rsplit("/", 1)[0])
+    assert script is not None, "pip install -e . installs the batchlab-report console script"
+    result = subprocess.run([script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "no runs in this directory" in result.stderr
+
+
+def test_wandb_workspace_mirrors_the_figures_grouped_by_strategy():
+    pytest.importorskip("wandb_workspaces")
+    from analysis.workspace import STRATEGY_KEY, build_workspace, panel_spec
+
+    workspace = build_workspace("team", "batchlab", "analysis_tiny", ["sorted", "shuffle", "bucketed", "packed"])
+    assert [s.name for s in workspace.sections] == list(FIGURES.values())
+    assert [len(s.panels) for s in workspace.sections] == [len(p) for p in panel_spec().values()]
+    assert [g.name for g in workspace.runset_settings.groupby] == [STRATEGY_KEY]
+    assert workspace.runset_settings.group_colors["packed"] == "#CC79A7"
+    assert "analysis_tiny" in str(workspace.runset_settings.filters)
+    titles = [p.title for s in workspace.sections for p in s.panels]
+    assert "held-out loss vs tokens" in titles and "gradient diversity" in titles
+    heldout = workspace.sections[1].panels[0]
+    assert heldout.x == "tokens_seen" and heldout.y == ["eval_loss"]
+    workspace._to_model()  # serialises without a server
+
+
+def test_wandb_workspace_flag_saves_after_the_report(sweep_dir, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb_workspaces")
+    import analysis.workspace as workspace_module
+
+    saved = []
+    monkeypatch.setattr(workspace_module, "save_workspace", lambda w: saved.append(w) or "https://wandb.test/ws")
+    one = support.copy_sweep(sweep_dir, tmp_path / "one", runs={support.run_dir(sweep_dir, "sorted", 0).name})
+    assert main([str(one), "--out", str(tmp_path / "out"), "--wandb-workspace", "team/batchlab"]) == 0
+    assert "saved W&B workspace https://wandb.test/ws" in capsys.readouterr().out
+    assert saved and saved[0].project == "batchlab" and "analysis_tiny" in str(saved[0].runset_settings.filters)
+
+    def offline(w):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(workspace_module, "save_workspace", offline)
+    assert main([str(one), "--out", str(tmp_path / "out2"), "--wandb-workspace", "team/batchlab"]) == 2
+    err = _one_line_error(capsys)
+    assert "could not save the W&B workspace" in err and "the report itself is written" in err
+    assert (tmp_path / "out2" / "report.html").exists()
+
+
+def test_html_renders_in_headless_chromium(report, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium); the HTML rendering check is skipped")
+    shot = tmp_path / "report.png"
+    result = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                             "--window-size=1280,2400", f"--screenshot={shot}", (report / "report.html").as_uri()],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
+    pixels = mpimg.imread(shot)[..., :3]
+    assert pixels.shape[0] == 2400 and pixels.shape[1] == 1280
+    assert float(pixels.std()) > 0.05  # text, tables and figures, not a blank page
+    assert (np.abs(pixels - pixels[0, 0]).sum(axis=-1) > 0.3).mean() > 0.02

@@ -49,7 +49,8 @@ EXTRA_MARKERS = ["P", "X", "*", "h", "<", ">"]
 LINESTYLES = {"sorted": "-", "shuffle": "--", "bucketed": "-.", "packed": ":", "length_grouped": (0, (5, 1, 1, 1))}
 EXTRA_LINESTYLES = [(0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2)), "-", "--", "-."]
 STAGES = [("time_data", "data", "#f0f0f0", ""), ("time_target", "target forward", "#bdbdbd", "//"),
-          ("time_drafter", "drafter fwd+bwd", "#737373", ".."), ("time_optimizer_comm", "optimizer + comm", "#252525", "")]
+          ("time_drafter", "drafter fwd+bwd", "#737373", ".."),
+          ("time_optimizer_comm", "optimizer + comm", "#252525", "")]
 
 FIGURES = {
     "frontier": "Trade-off frontier: throughput relative to sorted against gradient diversity and recurrence",
@@ -169,7 +170,8 @@ def heldout(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
     evals = eval_points(steps)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharey="row")
-        for row, (metric, label) in enumerate((("eval_loss", "held-out loss"), ("eval_tau", "held-out τ (accepted length)"))):
+        metrics = (("eval_loss", "held-out loss"), ("eval_tau", "held-out τ (accepted length)"))
+        for row, (metric, label) in enumerate(metrics):
             for col, (x, xlabel) in enumerate((("tokens_seen", "tokens seen"),
                                                ("train_time_s", "training time (s, summed step time)"))):
                 ax = axes[row, col]
@@ -208,7 +210,7 @@ def throughput(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle)
                        capsize=4, width=0.7)
                 ax.scatter(np.full(values.size, i) + np.linspace(-0.15, 0.15, values.size), values, s=14,
                            color="black", zorder=3, marker=style.marker(strategy))
-            ax.set_xticks(range(len(names)), names, rotation=20)
+            ax.set_xticks(range(len(names)), names, rotation=30, ha="right", rotation_mode="anchor")
             ax.set_ylabel(label)
             ax.grid(axis="x", visible=False)
         axes[0].set_title("Padding")
@@ -300,8 +302,9 @@ def acf(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
             group = group[np.isfinite(group["mean"])]
             if group.empty:
                 continue
-            ax.errorbar(group.index + offset, group["mean"], yerr=group["std"].fillna(0.0), color=style.colour(strategy),
-                        marker=style.marker(strategy), linestyle=style.line(strategy), capsize=3, label=strategy)
+            ax.errorbar(group.index + offset, group["mean"], yerr=group["std"].fillna(0.0),
+                        color=style.colour(strategy), marker=style.marker(strategy), linestyle=style.line(strategy),
+                        capsize=3, label=strategy)
         if frame.empty or not np.isfinite(frame["acf"]).any():
             _note(ax, "the ACF is undefined: too few steps per epoch")
         ax.set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length",
@@ -343,18 +346,32 @@ def streaks(steps: pd.DataFrame, style: StrategyStyle, first_steps: int = 40) ->
 
 
 # ---------------------------------------------------------------- 6
-def _grid_mean(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean and s.d. of curves interpolated onto the x range every curve covers."""
+def _grid_mean(curves: list[tuple[np.ndarray, np.ndarray]], points: int = 60, band: str = "sd"):
+    """Mean and band of curves interpolated onto a common grid; each curve counts only inside its own range.
+
+    ``band="sd"``: mean ± sample standard deviation; ``band="range"``: min to max over the curves.
+    Returns ``(grid, mean, low, high)`` (empty arrays when there is no curve).
+    """
     curves = [(x, y) for x, y in curves if x.size]
     if not curves:
-        return np.array([]), np.array([]), np.array([])
-    lo = max(float(x.min()) for x, _ in curves)
-    hi = min(float(x.max()) for x, _ in curves)
-    if hi < lo:
-        return np.array([]), np.array([]), np.array([])
+        return (np.array([]),) * 4
+    lo = min(float(x.min()) for x, _ in curves)
+    hi = max(float(x.max()) for x, _ in curves)
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
-    values = np.stack([np.interp(grid, x, y) for x, y in curves])
-    return grid, values.mean(axis=0), values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(grid.size)
+    values = np.full((len(curves), grid.size), np.nan)
+    for i, (x, y) in enumerate(curves):
+        order = np.argsort(x)
+        inside = (grid >= x.min()) & (grid <= x.max())
+        values[i, inside] = np.interp(grid[inside], x[order], y[order])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(values, axis=0)
+        if band == "range":
+            low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+        else:
+            sd = np.nan_to_num(np.nanstd(values, axis=0, ddof=1)) if len(curves) > 1 else np.zeros(grid.size)
+            low, high = mean - sd, mean + sd
+    return grid, mean, low, high
 
 
 def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
@@ -371,25 +388,27 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
                 for _, history in measured[measured["strategy"] == strategy].groupby("run"):
                     if column not in history.columns:
                         continue
-                    ok = history[np.isfinite(pd.to_numeric(history[column], errors="coerce"))]
+                    values = pd.to_numeric(history[column], errors="coerce")
+                    keep = np.isfinite(values) & ((values > 0) if column == "grad_noise_scale" else True)
+                    ok = history[keep]
                     if ok.empty:
                         continue
                     x, y = ok["tokens_seen"].to_numpy(float), ok[column].to_numpy(float)
-                    ax.plot(x, y, color=style.colour(strategy), linewidth=0.7, alpha=0.35, marker=style.marker(strategy),
-                            markersize=2.5)
+                    ax.plot(x, y, color=style.colour(strategy), linewidth=0.7, alpha=0.35,
+                            marker=style.marker(strategy), markersize=2.5)
                     curves.append((x, y))
-                grid, mean, sd = _grid_mean(curves)
+                grid, mean, low, high = _grid_mean(curves, band="range")
                 if grid.size:
                     drawn = True
                     ax.plot(grid, mean, color=style.colour(strategy), linestyle=style.line(strategy), linewidth=2)
-                    ax.fill_between(grid, mean - sd, mean + sd, color=style.colour(strategy), alpha=0.12, linewidth=0)
+                    ax.fill_between(grid, low, high, color=style.colour(strategy), alpha=0.12, linewidth=0)
             ax.set(xlabel="tokens seen", ylabel=label)
             if column == "grad_noise_scale" and drawn:
-                ax.set_yscale("symlog", linthresh=100.0)  # the estimate spikes (and may dip below 0) early on
+                ax.set_yscale("log")  # the estimate spans decades; non-positive estimates (pure noise) are left out
             if not drawn:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
-        axes[0].set_title("Gradient diversity (thin: seeds; thick: mean)")
-        axes[1].set_title("Gradient noise scale")
+        axes[0].set_title("Gradient diversity (thin: seeds; thick: mean; band: seed range)")
+        axes[1].set_title("Gradient noise scale (positive estimates)")
         _legend(fig, style, axes)
     return fig
 
@@ -413,7 +432,7 @@ def train_loss(steps: pd.DataFrame, style: StrategyStyle, window: int = 7) -> Fi
                 history = history.sort_values("step")
                 smooth = history["loss"].rolling(window, min_periods=1, center=True).mean()
                 curves.append((history["tokens_seen"].to_numpy(float), smooth.to_numpy(float)))
-            grid, mean, _ = _grid_mean(curves)
+            grid, mean, _, _ = _grid_mean(curves)
             for target in (ax, overlay):
                 if grid.size:
                     target.plot(grid, mean, color=style.colour(strategy), linestyle=style.line(strategy), linewidth=2,

@@ -138,7 +138,8 @@ def read_metrics_file(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as error:
             if i == len(lines) - 1:
                 break
-            raise SweepError(f"{path}: line {i + 1} is not JSON ({error}); the file is damaged, rerun this run") from None
+            raise SweepError(f"{path}: line {i + 1} is not JSON ({error}); the file is damaged, rerun this run"
+                             ) from None
     return records
 
 
@@ -299,12 +300,14 @@ def frames_from_runs(runs: Sequence[RunData], sources: Sequence[str]) -> Sweep:
         history.insert(2, "seed", summary["seed"])
         step_frames.append(history)
     runs_frame = pd.DataFrame(rows)
-    steps = pd.concat(step_frames, ignore_index=True) if step_frames else pd.DataFrame(columns=["run", "strategy", "seed"])
+    steps = (pd.concat(step_frames, ignore_index=True) if step_frames
+             else pd.DataFrame(columns=["run", "strategy", "seed"]))
     if len(runs_frame):
         runs_frame["seed"] = runs_frame["seed"].astype(int)
         runs_frame["strategy"] = runs_frame["strategy"].astype(str)
         order = {s: i for i, s in enumerate(order_strategies(runs_frame["strategy"]))}
-        runs_frame = runs_frame.sort_values(["strategy", "seed"], key=lambda c: c.map(order) if c.name == "strategy" else c)
+        runs_frame = runs_frame.sort_values(["strategy", "seed"],
+                                            key=lambda c: c.map(order) if c.name == "strategy" else c)
         runs_frame = runs_frame.reset_index(drop=True)
         steps["seed"] = steps["seed"].astype(int)
         steps = _derived_step_columns(steps)

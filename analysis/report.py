@@ -61,7 +61,8 @@ def sweep_facts(sweep: Sweep, per_run: pd.DataFrame) -> list[tuple[str, str]]:
         ("sweep", ", ".join(sweep.sources)),
         ("strategies", ", ".join(sweep.strategies)),
         ("seeds", f"{len(seeds)} ({', '.join(map(str, seeds))})"),
-        ("complete runs", f"{len(runs)}" + (f"; {len(sweep.excluded)} left out (below)" if len(sweep.excluded) else "")),
+        ("complete runs", f"{len(runs)}"
+         + (f"; {len(sweep.excluded)} left out (below)" if len(sweep.excluded) else "")),
         ("tokens per run", f"{int(column('stop_tokens', 0)):,} training tokens (stop), "
                            f"{per_run['tokens_seen'].mean():,.0f} seen on average"),
         ("epochs", f"{epochs.min():.2f}–{epochs.max():.2f} (epoch = {int(column('epoch_tokens', 0)):,} tokens)"),
@@ -135,14 +136,13 @@ def _pairs_rows(comparisons: list[Comparison]) -> list[list[str]]:
     rows = []
     for comparison in comparisons:
         for p in comparison.pairs:
+            head = [p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds))]
             if p.tested:
-                rows.append([p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds)),
-                             f"{p.mean_diff:+.4f} ± {p.sd_diff:.4f}", f"[{p.ci[0]:+.4f}, {p.ci[1]:+.4f}]",
+                rows.append([*head, f"{p.mean_diff:+.4f} ± {p.sd_diff:.4f}", f"[{p.ci[0]:+.4f}, {p.ci[1]:+.4f}]",
                              f"[{p.bootstrap_ci[0]:+.4f}, {p.bootstrap_ci[1]:+.4f}]", f"{p.p_value:.3g}",
                              "yes" if p.significant else "no"])
             else:
-                rows.append([p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds)),
-                             f"{p.mean_diff:+.4f}" if math.isfinite(p.mean_diff) else "—", "—", "—",
+                rows.append([*head, f"{p.mean_diff:+.4f}" if math.isfinite(p.mean_diff) else "—", "—", "—",
                              f"not tested (< {MIN_SEEDS} seeds)", "no"])
     return rows
 

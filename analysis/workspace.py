@@ -42,8 +42,10 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
     x = "tokens_seen"
     return {
         "frontier": [
-            {"kind": "scatter", "title": "real tokens/s vs gradient diversity", "x": "grad_diversity", "y": "tokens_per_second"},
-            {"kind": "scatter", "title": "real tokens/s vs recurrence", "x": "plan_recurrence", "y": "tokens_per_second"},
+            {"kind": "scatter", "title": "real tokens/s vs gradient diversity", "x": "grad_diversity",
+             "y": "tokens_per_second"},
+            {"kind": "scatter", "title": "real tokens/s vs recurrence (micro-batch)", "x": "plan_recurrence",
+             "y": "tokens_per_second"},
         ],
         "heldout": [
             {"kind": "line", "title": "held-out loss vs tokens", "x": x, "y": ["eval_loss"]},

@@ -28,42 +28,71 @@ def _launch(run_dir, cwd):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def test_killed_run_resumes_exactly(tmp_path, batchlab_cache):
-    reference = tmp_path / "reference"
-    result = train_cli([*ARGS, f"hydra.run.dir={reference}"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, batchlab_cache):
+    """The uninterrupted run."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    result = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
     assert result.returncode == 0, result.stderr[-4000:]
-    expected = read_jsonl(reference / "metrics.jsonl")
-    assert len(expected) >= 16
+    assert len(read_jsonl(run_dir / "metrics.jsonl")) >= 16
+    return run_dir
 
-    killed = tmp_path / "killed"
-    process = _launch(killed, tmp_path)
+
+def _stop_mid_run(run_dir, cwd, sig, after_steps=10):
+    """Start the run and send ``sig`` to its whole process group (launcher and ranks) after some steps."""
+    process = _launch(run_dir, cwd)
     deadline = time.time() + 240
     try:
-        while time.time() < deadline:  # kill the whole job (launcher and ranks) a few steps past a checkpoint
-            metrics = killed / "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= 10:
+        while time.time() < deadline:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
                 break
-            assert process.poll() is None, "the run ended before it could be killed"
+            assert process.poll() is None, "the run ended before it could be stopped"
             time.sleep(0.05)
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(process.pid, sig)
     finally:
-        process.wait(timeout=60)
-    steps_before = len(read_jsonl(killed / "metrics.jsonl"))
-    assert 10 <= steps_before < len(expected), "the kill did not land mid-run"
-    assert checkpoint_paths(killed), "no checkpoint before the kill"
+        returncode = process.wait(timeout=60)
+    return returncode
 
-    resumed = train_cli([*ARGS, f"hydra.run.dir={killed}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    got = read_jsonl(killed / "metrics.jsonl")
+
+def _assert_same_run(reference, run_dir):
+    expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in expected]
     for want, have in zip(expected, got):  # bit-identical on CPU: same batches, anchors, states
         for key in DETERMINISTIC:
             assert have.get(key) == want.get(key), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
     for rank in (0, 1):  # the same micro-batches, in the same order, nothing repeated
-        assert read_jsonl(killed / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
+        assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
             reference / "consumed" / f"rank{rank}.jsonl")
-    summary = json.loads((killed / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["samples_seen_once"] is True and summary["status"] == "complete"
+
+
+def test_killed_run_resumes_exactly(tmp_path, reference):
+    killed = tmp_path / "killed"
+    _stop_mid_run(killed, tmp_path, signal.SIGKILL)
+    steps_before = len(read_jsonl(killed / "metrics.jsonl"))
+    assert 10 <= steps_before < len(read_jsonl(reference / "metrics.jsonl")), "the kill did not land mid-run"
+    assert checkpoint_paths(killed), "no checkpoint before the kill"
+    assert not (killed / "summary.json").exists()
+    resumed = train_cli([*ARGS, f"hydra.run.dir={killed}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    _assert_same_run(reference, killed)
+
+
+def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(tmp_path, reference):
+    stopped = tmp_path / "stopped"
+    started = time.time()
+    returncode = _stop_mid_run(stopped, tmp_path, signal.SIGTERM, after_steps=6)
+    assert returncode == 130
+    assert time.time() - started < 120
+    summary = json.loads((stopped / "summary.json").read_text())
+    steps = len(read_jsonl(stopped / "metrics.jsonl"))
+    assert summary["status"] == "interrupted" and summary["steps"] == steps
+    assert checkpoint_paths(stopped)[-1].name == f"step-{steps:08d}.pt"  # the step it stopped at, not an older one
+    resumed = train_cli([*ARGS, f"hydra.run.dir={stopped}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    _assert_same_run(reference, stopped)
 
 
 def test_resume_with_another_plan_is_refused(tmp_path, batchlab_cache):

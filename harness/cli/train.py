@@ -12,6 +12,7 @@ Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, `
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import hydra
@@ -29,7 +30,12 @@ register_schemas()
 def main(cfg: DictConfig) -> float | None:
     from harness.train.trainer import run
 
-    summary = run(resolved_dict(cfg), HydraConfig.get().runtime.output_dir)
+    run_dir = HydraConfig.get().runtime.output_dir
+    summary = run(resolved_dict(cfg), run_dir)
+    if summary and summary.get("status") == "interrupted":
+        print(f"batchlab-train: interrupted after {summary['tokens_seen']} tokens; the checkpoint is in "
+              f"{run_dir}/checkpoints; run the same command with hydra.run.dir={run_dir} to resume", file=sys.stderr)
+        sys.exit(130)
     return summary.get("eval_loss") if summary else None
 
 

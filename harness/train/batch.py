@@ -12,6 +12,7 @@ gets the same blocks under every strategy and world size.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,14 @@ class RankMicroBatches(Dataset):
         return self.collate(self.rows[indices], self.plan.lengths[indices], self.anchor_epoch)
 
 
+def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
+    """A SIGTERM/SIGINT sent to the job's process group must reach the training process, which finishes its
+    step and checkpoints; a worker that died of it first would crash that process instead. Workers still
+    exit with their parent."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def micro_batch_loader(dataset: RankMicroBatches, num_workers: int, prefetch_factor: int,
                        pin_memory: bool) -> DataLoader:
     """Batches come out in order (``batch_size=None``: the dataset's items are whole micro-batches)."""
@@ -117,4 +126,5 @@ def micro_batch_loader(dataset: RankMicroBatches, num_workers: int, prefetch_fac
         dataset, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
         multiprocessing_context="fork" if num_workers > 0 else None,
+        worker_init_fn=_ignore_stop_signals if num_workers > 0 else None,
     )

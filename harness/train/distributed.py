@@ -90,8 +90,21 @@ def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> 
         rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
         start_method="spawn",
     )
-    results = elastic_launch(config, worker)(*args)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        results = elastic_launch(config, worker)(*args)
+    except SignalException as stopped:  # the ranks finished their step and checkpointed before exiting
+        raise Interrupted(stopped.sigval) from None
     return results[0]
+
+
+class Interrupted(RuntimeError):
+    """The job was stopped by a signal (SIGTERM/SIGINT) after its ranks checkpointed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {int(signum)}")
+        self.signum = int(signum)
 
 
 class Collectives:

@@ -24,6 +24,7 @@ import random
 import resource
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -272,10 +273,15 @@ class Trainer:
         loader = micro_batch_loader(dataset, trainer.num_workers, trainer.prefetch_factor,
                                     pin_memory=self.device.type == "cuda")
         iterator = iter(loader)
-        for step in range(start_step, plan.num_steps):
-            started = time.perf_counter()
-            batches = [next(iterator).to(self.device) for _ in range(plan.grad_accum)]
-            yield step, batches, time.perf_counter() - started
+        try:
+            for step in range(start_step, plan.num_steps):
+                started = time.perf_counter()
+                batches = [next(iterator).to(self.device) for _ in range(plan.grad_accum)]
+                yield step, batches, time.perf_counter() - started
+        finally:
+            # Shut the workers down now, through the loader's own protocol (they ignore SIGTERM, see
+            # batch.py); leaving them to interpreter exit would block there.
+            del iterator
 
     # ------------------------------------------------------------------ one step
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -531,7 +537,8 @@ class Trainer:
             plan = self.plan_epoch(state.epoch)
             epoch_record = self._plan_record(plan) if state.step_in_epoch == 0 else {}
             consumed_log = self._consumed_log()
-            for step, batches, data_wait in self.batch_generator(plan, state.step_in_epoch):
+            epoch_batches = self.batch_generator(plan, state.step_in_epoch)
+            for step, batches, data_wait in epoch_batches:
                 measure = (state.global_step + 1) % trainer.grad_stats_every == 0
                 step_started = time.perf_counter()
                 record = self.train_step(batches, data_wait, measure)
@@ -576,6 +583,7 @@ class Trainer:
                     self.save(consumed)
                 if epoch_finished:
                     break
+            epoch_batches.close()
             if consumed_log is not None:
                 consumed_log.close()
         if progress is not None:
@@ -715,14 +723,21 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
     try:
-        return Trainer(config, run_dir, env, config_dict=config_dict).train()
+        summary = Trainer(config, run_dir, env, config_dict=config_dict).train()
     finally:
         destroy_process_group()
+    if summary["status"] == "interrupted" and "TORCHELASTIC_RUN_ID" in os.environ:
+        # Stopped by a signal: everything is written (checkpoint fsynced, sinks closed). torch elastic's
+        # worker wrapper would now wait for an agent that is shutting down (30 s, then SIGKILL); leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    return summary
 
 
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """A whole run from a resolved config: validate, build the data cache once, start the ranks, train."""
-    from harness.train.distributed import launch
+    from harness.train.distributed import Interrupted, launch
     from harness.train.metrics import write_json_atomic
 
     config = run_config_from_dict(config_dict)  # fail here, before any process starts
@@ -730,5 +745,11 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
     load_samples(config.data, progress=config.trainer.progress)  # the ranks find the cache built
-    return launch(run_rank, (config_dict, str(run_dir)), config.trainer.nproc,
-                  run_id=f"batchlab-{os.getpid()}-{time.time_ns()}")
+    try:
+        return launch(run_rank, (config_dict, str(run_dir)), config.trainer.nproc,
+                      run_id=f"batchlab-{os.getpid()}-{time.time_ns()}")
+    except Interrupted:
+        summary_path = run_dir / "summary.json"
+        if summary_path.exists():
+            return json.loads(summary_path.read_text())
+        raise

@@ -97,9 +97,46 @@ class Sweep:
 
 
 def order_strategies(names: Iterable[str]) -> list[str]:
+    """Report order: sorted, length_grouped, bucketed, packed, shuffle, then the others alphabetically.
+
+    Variants (``bucketed (num_buckets=16)``) follow their base strategy.
+    """
     names = list(dict.fromkeys(str(n) for n in names))
-    known = [s for s in STRATEGY_ORDER if s in names]
-    return known + sorted(n for n in names if n not in STRATEGY_ORDER)
+
+    def key(name: str) -> tuple[int, str, str]:
+        base = name.split(" (")[0]
+        rank = STRATEGY_ORDER.index(base) if base in STRATEGY_ORDER else len(STRATEGY_ORDER)
+        return (rank, base if rank == len(STRATEGY_ORDER) else "", name)
+
+    return sorted(names, key=key)
+
+
+def _short(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: config keys that never make two runs different variants of a strategy
+_NOT_VARIANT = ("plan_fingerprint.", "logger.", "hydra.")
+
+
+def label_variants(runs: pd.DataFrame) -> pd.Series:
+    """The strategy label of every run: the strategy's name, plus the config keys that tell its variants apart.
+
+    A sweep over, say, ``strategy.num_buckets=16,32`` gives two runs of ``bucketed`` per seed; they are
+    reported as ``bucketed (num_buckets=16)`` and ``bucketed (num_buckets=32)``.
+    """
+    labels = runs["strategy"].astype(str).copy()
+    config = [c for c in runs.columns if "." in c and not c.startswith(_NOT_VARIANT)]
+    for strategy, group in runs.groupby("strategy", sort=False):
+        if not group.duplicated("seed").any():
+            continue
+        differing = [c for c in config if group[c].astype(str).nunique() > 1]
+        if not differing:
+            continue
+        for index, row in group.iterrows():
+            parts = ", ".join(f"{c.rsplit('.', 1)[-1]}={_short(row[c])}" for c in differing)
+            labels[index] = f"{strategy} ({parts})"
+    return labels
 
 
 # ---------------------------------------------------------------- values
@@ -304,7 +341,9 @@ def frames_from_runs(runs: Sequence[RunData], sources: Sequence[str]) -> Sweep:
              else pd.DataFrame(columns=["run", "strategy", "seed"]))
     if len(runs_frame):
         runs_frame["seed"] = runs_frame["seed"].astype(int)
-        runs_frame["strategy"] = runs_frame["strategy"].astype(str)
+        runs_frame["strategy_name"] = runs_frame["strategy"].astype(str)
+        runs_frame["strategy"] = label_variants(runs_frame)
+        steps["strategy"] = steps["run"].map(dict(zip(runs_frame["run"], runs_frame["strategy"])))
         order = {s: i for i, s in enumerate(order_strategies(runs_frame["strategy"]))}
         runs_frame = runs_frame.sort_values(["strategy", "seed"],
                                             key=lambda c: c.map(order) if c.name == "strategy" else c)
@@ -391,7 +430,7 @@ def check_metrics(sweep: Sweep) -> None:
 
 
 def check_unique(runs: pd.DataFrame) -> None:
-    """One run per (strategy, seed): the comparison pairs strategies by seed."""
+    """One run per (strategy, seed): the comparison pairs strategies by seed (variants are told apart first)."""
     duplicated = runs[runs.duplicated(["strategy", "seed"], keep=False)]
     if len(duplicated):
         first = duplicated.iloc[0]

@@ -191,3 +191,22 @@ def test_online_wandb_group_through_a_fake_api(sweep_dir):
 
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": {}}) == {"a.b": 1, "a.c.d": [1, 2], "e": {}}
+
+
+def test_variants_of_a_strategy_are_told_apart(sweep_dir, tmp_path):
+    names = {support.run_dir(sweep_dir, s, seed).name for s in ("sorted", "bucketed") for seed in (0, 1)}
+    first = support.copy_sweep(sweep_dir, tmp_path / "a", runs=names)
+    second = support.copy_sweep(sweep_dir, tmp_path / "b", runs={n for n in names if "bucketed" in n})
+    for directory in second.iterdir():  # the same bucketed runs, as if swept with another option
+        config = json.loads((directory / "config.json").read_text())
+        config["strategy"]["num_buckets"] = 8
+        (directory / "config.json").write_text(json.dumps(config))
+    for directory in first.iterdir():
+        if "bucketed" in directory.name:
+            config = json.loads((directory / "config.json").read_text())
+            config["strategy"]["num_buckets"] = 32
+            (directory / "config.json").write_text(json.dumps(config))
+    sweep = load_sweeps([first, second])
+    assert sweep.strategies == ["sorted", "bucketed (num_buckets=32)", "bucketed (num_buckets=8)"]
+    assert set(sweep.steps["strategy"]) == set(sweep.strategies)
+    assert set(sweep.runs["strategy_name"]) == {"sorted", "bucketed"}

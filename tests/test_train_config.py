@@ -92,3 +92,14 @@ def test_default_run_covers_at_least_three_epochs_of_the_default_data(tmp_path, 
                     Path(tmp_path) / "other", RankEnv())
     assert list(other.heldout_rows) == list(trainer.heldout_rows)
     assert list(other.train_rows) == list(trainer.train_rows)
+
+
+def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache):
+    import torch
+
+    config = run_config_from_dict(compose_config(["logger=none", "experiment=smoke", "trainer.nproc=1",
+                                                  "trainer.precision=bf16"]))
+    trainer = Trainer(config, Path(tmp_path), RankEnv())
+    assert trainer.target.dtype == torch.bfloat16
+    assert {p.dtype for p in trainer.drafter.parameters() if p.requires_grad} == {torch.float32}
+    assert all(p.dtype == torch.float32 for group in trainer.optimizer.param_groups for p in group["params"])

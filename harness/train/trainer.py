@@ -46,7 +46,7 @@ from harness.train.distributed import Collectives, RankEnv
 from harness.train.grad_stats import BucketNorms, GradientNoise, flat_grad, summing_comm_hook
 from harness.train.metrics import JsonlSink, MetricLogger, WandbSink, truncate_metrics
 from harness.train.schedule import TokenCosineSchedule
-from strategies import Budget, Plan, build_strategy
+from strategies import Budget, CostModel, Plan, build_strategy
 from strategies.metrics import plan_metrics
 
 #: seed of the random-weight target: the same target for every strategy and seed of a sweep
@@ -618,8 +618,10 @@ class Trainer:
 
     def _plan_record(self, plan: Plan) -> dict[str, Any]:
         """The epoch's plan metrics (ACF of step mean length, recurrence, mix), logged with its first step."""
+        drafter = self.config.drafter_config  # the drafter's block term counts this run's blocks
+        cost = CostModel(block_size=drafter.block_size, num_anchors=drafter.num_anchors)
         metrics = plan_metrics(plan, next_epoch_plan=self.plan_epoch(plan.epoch + 1),
-                               acf_lags=self.config.trainer.acf_lags)
+                               acf_lags=self.config.trainer.acf_lags, cost_model=cost)
         record = {}
         for key, value in metrics.items():
             if isinstance(value, (int, float, bool)) or (isinstance(value, list) and all(

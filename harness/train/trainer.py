@@ -210,7 +210,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(drafter_cfg, self.target.embed_tokens, self.target.lm_head,
-                                     self.target.num_layers).to(self.device)
+                                     self.target.num_layers).to(device=self.device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
         self.bucket_norms = BucketNorms()
         if self.env.distributed:

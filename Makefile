@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# Two commands on a fresh machine: `make demo` (the main job: the strategy sweep and its report) and
+# `make test` (the whole suite).
 # Both create .venv and install batchlab into it first.
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo test bench fla-interpret clean
+.PHONY: install demo plan-demo test bench fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -46,7 +47,15 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e ".[dev]"
 	touch $(STAMP)
 
+# The main job: every strategy x 3 seeds trained on the embedded default (CPU), then the report.
+# Rerunning skips the runs that are complete (an interrupted sweep resumes where it stopped).
 demo: $(STAMP)
+	$(VENV)/bin/batchlab-train -m experiment=strategies
+	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report
+	@echo "report: $(CURDIR)/outputs/report/report.html"
+
+# Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
+plan-demo: $(STAMP)
 	$(VENV)/bin/batchlab-plan --profile chat-902k --max-tokens 16384 --world-size 8 --epochs 2 --report-dir outputs/plan-report
 
 test: $(STAMP)
@@ -55,6 +64,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write
 	$(PY) benchmarks/target_throughput.py --write
+	$(PY) benchmarks/train_throughput.py --write
 
 # fla's kernels on CPU through Triton's interpreter, against the torch references (a few minutes;
 # always the CPU torch build, even on a GPU machine: the check runs on the CPU).

@@ -47,8 +47,8 @@ def main() -> None:
     parser.add_argument("--strategies", default="sorted,shuffle,bucketed,packed,length_grouped")
     parser.add_argument("--tokens", type=int, default=200_000, help="real tokens per run")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--num-workers", default="null", help="DataLoader workers per rank (null: the default)")
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 

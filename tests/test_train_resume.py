@@ -13,7 +13,7 @@ import pytest
 from train_support import compose_config, read_jsonl, train_cli
 
 from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
-from harness.train.trainer import run
+from harness.train.trainer import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",
@@ -95,19 +95,36 @@ def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(tmp_path, refe
     _assert_same_run(reference, stopped)
 
 
-def test_resume_with_another_plan_is_refused(tmp_path, batchlab_cache):
+def test_a_run_directory_is_never_shared_by_two_runs(tmp_path, batchlab_cache):
     base = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
             "trainer.stop_tokens=3000", "strategy=packed"]
     run(compose_config(base), tmp_path)
     assert checkpoint_paths(tmp_path)
-    with pytest.raises(FingerprintMismatch) as refused:
-        run(compose_config([*base, "trainer.max_tokens=512"]), tmp_path)
-    assert "max_tokens: checkpoint 1024, now 512" in str(refused.value)
-    with pytest.raises(FingerprintMismatch, match="strategy: checkpoint 'packed', now 'sorted'"):
-        run(compose_config([*base, "strategy=sorted"]), tmp_path)
-    with pytest.raises(FingerprintMismatch, match="seed: checkpoint 0, now 1"):
-        run(compose_config([*base, "seed=1"]), tmp_path)
-    # a finished run in the same directory with the same plan resumes (nothing left to do) and keeps its numbers
+    for override, named in [("trainer.max_tokens=512", "trainer.max_tokens: 1024 -> 512"),
+                            ("strategy=sorted", "strategy.name: 'packed' -> 'sorted'"),
+                            ("seed=1", "seed: 0 -> 1"), ("optim.lr=0.001", "optim.lr: 0.0006 -> 0.001")]:
+        with pytest.raises(RunDirectoryInUse) as refused:
+            run(compose_config([*base, override]), tmp_path)
+        assert named in str(refused.value)
+    # the same run again: complete, so skipped, its files untouched (a rerun sweep resumes where it stopped)
     before = read_jsonl(tmp_path / "metrics.jsonl")
-    summary = run(compose_config(base), tmp_path)
+    summary = run(compose_config([*base, "trainer.progress=true"]), tmp_path)
     assert summary["status"] == "complete" and read_jsonl(tmp_path / "metrics.jsonl") == before
+
+
+def test_resume_on_other_data_is_refused_by_the_plan_fingerprint(tmp_path, batchlab_cache):
+    data = tmp_path / "data.jsonl"
+    rows = [{"input_ids": list(range(2, 30 + i))} for i in range(30)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = compose_config(["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
+                             f"data.source={data}", "data.max_documents=null", "data.vocab_size=300",
+                             "trainer.max_tokens=128", "trainer.stop_tokens=100000", "trainer.checkpoint_every_steps=2",
+                             "strategy=packed"])
+    run_dir = tmp_path / "run"
+    summary = run({**config, "trainer": {**config["trainer"], "stop_tokens": 600}}, run_dir)
+    assert summary["status"] == "complete"
+    (run_dir / "summary.json").unlink()  # as if stopped before the end
+    data.write_text("".join(json.dumps({"input_ids": r["input_ids"][:-1]}) + "\n" for r in rows))  # other lengths
+    with pytest.raises(FingerprintMismatch) as refused:
+        run({**config, "trainer": {**config["trainer"], "stop_tokens": 600}}, run_dir)
+    assert "lengths_sha256" in str(refused.value) and "data_fingerprint" in str(refused.value)

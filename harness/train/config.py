@@ -87,7 +87,9 @@ class TrainerConfig:
     grad_stats_every: int = 4  # steps between gradient-diversity measurements
     grad_stats_ema: float = 0.9
     acf_lags: int = 8
-    num_workers: int = 1  # DataLoader workers per rank (0: collate in the training process)
+    # DataLoader workers per rank; None: 0 on CPU (the cores are the compute: a worker there costs more in
+    # IPC than its collate saves, see benchmarks/RESULTS.md), 4 on CUDA
+    num_workers: Optional[int] = None
     prefetch_factor: int = 4
     threads_per_rank: Optional[int] = None  # torch intra-op threads; None: CPU cores / ranks
     collective_timeout_s: int = 300

@@ -270,8 +270,8 @@ class Trainer:
         """This rank's ``(step, grad_accum micro-batches, data wait in seconds)`` from ``start_step`` on."""
         trainer = self.config.trainer
         dataset = RankMicroBatches(plan, self.env.rank, start_step, self.train_rows, self.train_collate)
-        loader = micro_batch_loader(dataset, trainer.num_workers, trainer.prefetch_factor,
-                                    pin_memory=self.device.type == "cuda")
+        workers = trainer.num_workers if trainer.num_workers is not None else (4 if self.device.type == "cuda" else 0)
+        loader = micro_batch_loader(dataset, workers, trainer.prefetch_factor, pin_memory=self.device.type == "cuda")
         iterator = iter(loader)
         try:
             for step in range(start_step, plan.num_steps):
@@ -717,6 +717,31 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+class RunDirectoryInUse(ValueError):
+    """The run directory holds a run with other settings."""
+
+
+#: settings that change how a run executes or reports, never what it computes: they may differ on resume
+RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_factor", "trainer.resume",
+                "trainer.collective_timeout_s", "trainer.record_consumed", "trainer.threads_per_rank", "logger.")
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every setting (dotted key) that differs, runtime settings aside."""
+    def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    before, after = flat(old), flat(new)
+    keys = sorted(k for k in set(before) | set(after) if not k.startswith(RUNTIME_KEYS))
+    return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
+
+
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
     from harness.train.distributed import destroy_process_group, external_launch_env, init_process_group
@@ -744,6 +769,18 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
 
     config = run_config_from_dict(config_dict)  # fail here, before any process starts
     run_dir = Path(run_dir)
+    previous = run_dir / "config.json"
+    if previous.exists() and config.trainer.resume:
+        differences = config_differences(json.loads(previous.read_text()), config_dict)
+        if differences:
+            raise RunDirectoryInUse(
+                f"{run_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would mix "
+                "two runs. Choose another hydra.run.dir, or set trainer.resume=false to start over in it"
+            )
+        done = run_dir / "summary.json"
+        if done.exists() and json.loads(done.read_text()).get("status") == "complete":
+            print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
+            return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
     load_samples(config.data, progress=config.trainer.progress)  # the ranks find the cache built

@@ -22,7 +22,6 @@ import pandas as pd
 from analysis import figures as figs
 from analysis.compare import (
     MIN_SEEDS,
-    TABLE_COLUMNS,
     Comparison,
     compare_final,
     comparison_sentences,

@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 
-    from harness.train.trainer import run
+    from harness.train.run import run
 
     strategies = args.strategies.split(",")
     results: dict[str, list[dict]] = {s: [] for s in strategies}

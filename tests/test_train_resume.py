@@ -13,7 +13,7 @@ import pytest
 from train_support import compose_config, read_jsonl, train_cli
 
 from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
-from harness.train.trainer import RunDirectoryInUse, run
+from harness.train.run import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",

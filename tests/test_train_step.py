@@ -16,7 +16,8 @@ from harness.data.samples import load_samples
 from harness.models.drafter import DFlashDrafter
 from harness.train.batch import BatchCollator
 from harness.train.checkpoint import checkpoint_paths
-from harness.train.trainer import NonFiniteLoss, run
+from harness.train.run import run
+from harness.train.trainer import NonFiniteLoss
 from strategies import Budget, available_strategies, build_strategy
 
 IN_PROCESS = ["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false"]

@@ -28,7 +28,7 @@ register_schemas()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from harness.train.trainer import run
+    from harness.train.run import run
 
     run_dir = HydraConfig.get().runtime.output_dir
     summary = run(resolved_dict(cfg), run_dir)

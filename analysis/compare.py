@@ -424,5 +424,7 @@ def summary_sentences(table: pd.DataFrame, loss: Comparison, tau: Comparison) ->
         low = div.loc[div["grad_diversity"].idxmin()]
         sentences.append(f"Measured gradient diversity is highest under {high['strategy']} "
                          f"({high['grad_diversity']:.3g}) and lowest under {low['strategy']} "
-                         f"({low['grad_diversity']:.3g}).")
+                         f"({low['grad_diversity']:.3g}); Δ grows when a step's small batches (ranks or "
+                         "accumulation micro-batches) pull in different directions, so length-homogeneous "
+                         "micro-batches raise it: read it with the recurrence and length-mix columns.")
     return sentences

@@ -1,6 +1,6 @@
-"""A tiny four-strategy sweep for the analysis, report and notebook tests, built once per process.
+"""A tiny sweep for the analysis, report and notebook tests, built once per process.
 
-``tiny_sweep(root)`` runs ``batchlab-train -m`` over sorted, shuffle, bucketed and packed × 3 seeds
+``tiny_sweep(root)`` runs ``batchlab-train -m experiment=strategies_smoke``: every strategy × 3 seeds
 on one CPU rank (a 48-document slice, 384-token budget, 2 accumulation micro-batches so that the
 gradient statistics are measured, about 2 epochs): a few seconds a run. ``wandb_run(root)`` adds one
 run logged to an offline W&B run. Both are memoised, so every test module shares them.
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STRATEGIES = ("sorted", "shuffle", "bucketed", "packed")
+STRATEGIES = ("sorted", "shuffle", "bucketed", "packed", "length_grouped")  # conf/experiment/strategies_smoke.yaml
 SEEDS = (0, 1, 2)
 
 EXPERIMENT = """\
@@ -59,11 +59,11 @@ def _train(args, root: Path, timeout: int = 600) -> None:
 
 
 def tiny_sweep(root: Path) -> Path:
-    """The sweep directory (12 complete runs, sub-directories ``experiment=analysis_tiny,seed=S,strategy=X``)."""
+    """The project's own test sweep, ``experiment=strategies_smoke`` (every strategy x 3 seeds; sub-directories
+    ``strategy=X,seed=S``)."""
     if "sweep" not in _built:
         sweep = Path(root) / "sweep"
-        _train(["-m", "experiment=analysis_tiny", f"strategy={','.join(STRATEGIES)}",
-                f"seed={','.join(map(str, SEEDS))}", "logger=none", f"hydra.sweep.dir={sweep}"], Path(root))
+        _train(["-m", "experiment=strategies_smoke", "logger=none", f"hydra.sweep.dir={sweep}"], Path(root))
         _built["sweep"] = sweep
     return _built["sweep"]
 
@@ -83,7 +83,7 @@ def run_dirs(sweep: Path) -> list[Path]:
 
 
 def run_dir(sweep: Path, strategy: str, seed: int) -> Path:
-    return Path(sweep) / f"experiment=analysis_tiny,seed={seed},strategy={strategy}"
+    return Path(sweep) / f"strategy={strategy},seed={seed}"
 
 
 def copy_sweep(sweep: Path, target: Path, runs=None) -> Path:

@@ -132,7 +132,7 @@ def test_wandb_workspace_flag_saves_after_the_report(sweep_dir, tmp_path, capsys
     one = support.copy_sweep(sweep_dir, tmp_path / "one", runs={support.run_dir(sweep_dir, "sorted", 0).name})
     assert main([str(one), "--out", str(tmp_path / "out"), "--wandb-workspace", "team/batchlab"]) == 0
     assert "saved W&B workspace https://wandb.test/ws" in capsys.readouterr().out
-    assert saved and saved[0].project == "batchlab" and "analysis_tiny" in str(saved[0].runset_settings.filters)
+    assert saved and saved[0].project == "batchlab" and "strategies_smoke" in str(saved[0].runset_settings.filters)
 
     def offline(w):
         raise ConnectionError("no network")

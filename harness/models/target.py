@@ -1,8 +1,10 @@
 """The frozen Qwen3.5-style hybrid target (Gated DeltaNet + gated full attention) that feeds the drafter.
 
 :class:`HybridTarget` computes the outputs of chosen decoder layers (DFlash's tapped layers) for a
-:class:`~harness.models.layout.TokenBatch` in either layout, and nothing else: no logits, no layers
-past the last tapped one, no autograd graph. Documents never see each other:
+:class:`~harness.models.layout.TokenBatch` in either layout: no logits, no layers past the last tapped
+one, no autograd graph. For evaluation, :meth:`HybridTarget.logits` runs every layer, the final norm
+and the LM head (still without autograd; :meth:`HybridTarget.compute_logits` is the same computation
+with autograd, for pretraining the target). Documents never see each other:
 
 * padded ``[B, L]`` rows: attention with a causal + key-padding mask, and the linear (GDN) layers zero
   the padded positions before mixing (transformers' ``apply_mask_to_padding_states``), so right (and
@@ -302,6 +304,32 @@ class HybridTarget(nn.Module):
         """
         layer_ids = check_tap_layer_ids(self.tap_layer_ids if tap_layer_ids is None else tap_layer_ids,
                                         self.num_layers)
+        _, outputs = self._run_layers(batch, set(layer_ids), max(layer_ids), gdn_backend)
+        return TargetFeatures(layer_ids=layer_ids, hidden_states=[outputs[i] for i in layer_ids])
+
+    @torch.no_grad()
+    def logits(self, batch: TokenBatch, gdn_backend: str = "auto") -> torch.Tensor:
+        """Next-token logits ``[B, L, V]`` (padded) or ``[1, T, V]`` (packed), without gradients.
+
+        Every decoder layer, then the final norm and the LM head: the evaluation path (speculative
+        decoding's verifier, held-out perplexity). Logits at pad positions are computed but mean
+        nothing. :meth:`forward`, the drafter's training path, still stops at the deepest tap.
+        """
+        return self.compute_logits(batch, gdn_backend)
+
+    def compute_logits(self, batch: TokenBatch, gdn_backend: str = "auto") -> torch.Tensor:
+        """:meth:`logits` without ``no_grad``: records autograd for parameters that require grad.
+
+        For pretraining the target itself (:mod:`harness.pretrain`), which first calls
+        ``requires_grad_(True)``; the frozen target never needs it.
+        """
+        hidden, _ = self._run_layers(batch, set(), self.num_layers - 1, gdn_backend)
+        return self.lm_head(self.model.norm(hidden))
+
+    def _run_layers(
+        self, batch: TokenBatch, wanted: set[int], deepest: int, gdn_backend: str
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Run decoder layers ``0..deepest``; return the last output and the outputs of ``wanted`` layers."""
         if batch.input_ids.device != self.device:
             batch = batch.to(self.device)
         input_ids = self._checked_input_ids(batch)
@@ -320,13 +348,11 @@ class HybridTarget(nn.Module):
         linear_cu_seqlens = None if self.leak_across_documents else cu_seqlens
 
         hidden = self.model.embed_tokens(input_ids)
-        deepest = max(layer_ids)
         position_embeddings = None
         if "full_attention" in self.config.layer_types[: deepest + 1]:
             # Text positions on all three mRoPE axes, [3, B, L]: the form every transformers release
             # with Qwen3.5 takes (5.17 indexes a 3-D tensor; later releases also broadcast a 2-D one).
             position_embeddings = self.model.rotary_emb(hidden, batch.position_ids[None].expand(3, -1, -1))
-        wanted = set(layer_ids)
         outputs: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers[: deepest + 1]):
             hidden = layer(
@@ -341,7 +367,7 @@ class HybridTarget(nn.Module):
             )
             if index in wanted:
                 outputs[index] = hidden
-        return TargetFeatures(layer_ids=layer_ids, hidden_states=[outputs[i] for i in layer_ids])
+        return hidden, outputs
 
     def _checked_input_ids(self, batch: TokenBatch) -> torch.Tensor:
         """Token ids with pads replaced by 0; raise on a real token id outside the vocabulary."""

@@ -82,6 +82,10 @@ class TrainerConfig:
     stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
     stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null)
     eval_every_tokens: int = 100_000
+    # real acceptance at every eval: greedy speculative decoding of this many held-out prompts (0: off)
+    eval_real_prompts: int = 16
+    eval_real_new_tokens: int = 16
+    eval_real_prompt_tokens: int = 256
     checkpoint_every_steps: int = 100
     keep_checkpoints: int = 2
     grad_stats_every: int = 4  # steps between gradient-diversity measurements
@@ -108,6 +112,9 @@ class TrainerConfig:
                      "collective_timeout_s"):
             _at_least(f"trainer.{name}", getattr(self, name), 1)
         _at_least("trainer.num_workers", self.num_workers, 0)
+        _at_least("trainer.eval_real_prompts", self.eval_real_prompts, 0)
+        _at_least("trainer.eval_real_new_tokens", self.eval_real_new_tokens, 1)
+        _at_least("trainer.eval_real_prompt_tokens", self.eval_real_prompt_tokens, 1)
         _at_least("trainer.max_samples", self.max_samples, 1)
         _at_least("trainer.threads_per_rank", self.threads_per_rank, 1)
         if (self.stop_tokens is None) == (self.stop_epochs is None):

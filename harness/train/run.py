@@ -26,7 +26,7 @@ from harness.train.distributed import (
     launch,
 )
 from harness.train.metrics import write_json_atomic
-from harness.train.trainer import Trainer
+from harness.train.trainer import EMBEDDED_TARGET, Trainer, pretrained_target_path
 
 
 class RunDirectoryInUse(ValueError):
@@ -90,7 +90,9 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
             return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
-    load_samples(config.data, progress=config.trainer.progress)  # the ranks find the cache built
+    load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
+    if config.target.pretrained == EMBEDDED_TARGET:
+        pretrained_target_path(config, progress=config.trainer.progress)
     try:
         return launch(run_rank, (config_dict, str(run_dir)), config.trainer.nproc,
                       run_id=f"batchlab-{os.getpid()}-{time.time_ns()}")

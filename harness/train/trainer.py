@@ -53,6 +53,19 @@ TARGET_INIT_SEED = 0
 WANDB_ID_FILE = "wandb_run_id"
 
 
+#: ``target.pretrained: embedded``: the tiny target pretrained on this run's data (built once, cached)
+EMBEDDED_TARGET = "embedded"
+
+
+def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
+    """The checkpoint directory ``target.pretrained`` names; ``embedded`` builds or finds the cached one."""
+    if config.target.pretrained == EMBEDDED_TARGET:
+        from harness.pretrain.target import ensure_pretrained_target
+
+        return str(ensure_pretrained_target(config.data, config.target_kwargs, progress=progress))
+    return str(config.target.pretrained)
+
+
 class NonFiniteLoss(RuntimeError):
     """A step's loss or gradient norm is not finite; the last good checkpoint is kept."""
 
@@ -200,7 +213,8 @@ class Trainer:
         torch.manual_seed(TARGET_INIT_SEED)
         if cfg.target.pretrained:
             self.target = HybridTarget.from_pretrained(
-                cfg.target.pretrained, dtype=self.dtype, device=self.device, tap_layer_ids=drafter_cfg.target_layer_ids,
+                pretrained_target_path(cfg), dtype=self.dtype, device=self.device,
+                tap_layer_ids=drafter_cfg.target_layer_ids,
                 num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=cfg.trainer.target_attention_backend)
         else:
             self.target = HybridTarget(cfg.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,
@@ -464,6 +478,43 @@ class Trainer:
             "eval_accuracy_per_position": (correct_pos / count_pos.clamp_min(1)).tolist(),
             "eval_tau": tau / blocks if blocks else math.nan,
             "eval_blocks": int(blocks),
+            **self.evaluate_real_acceptance(),
+        }
+
+    @torch.no_grad()
+    def evaluate_real_acceptance(self) -> dict[str, Any]:
+        """``eval_tau_real``: greedy speculative decoding of fixed held-out prompts, shared over the ranks.
+
+        The teacher-forced τ above scores the drafter against the dataset's tokens; this one lets it
+        propose against the target's own greedy continuation, as a speculative decoder would.
+        """
+        trainer = self.config.trainer
+        if trainer.eval_real_prompts == 0 or self.heldout_rows.size == 0:
+            return {}
+        from harness.eval.speculative import evaluate_acceptance, heldout_prompts
+
+        if not hasattr(self, "_real_prompts"):
+            self._real_prompts = heldout_prompts(self.samples, self.heldout_rows, trainer.eval_real_prompt_tokens,
+                                                 trainer.eval_real_prompts)
+        mine = self._real_prompts[self.env.rank::self.env.world_size]
+        block = self.drafter.block_size
+        vector = torch.zeros(block + 2, dtype=torch.float64)  # [forwards gaining 1..B tokens, tokens, forwards]
+        if mine:
+            with self._autocast():
+                result = evaluate_acceptance(self.target, self.drafter, mine, trainer.eval_real_new_tokens,
+                                             gdn_backend=trainer.gdn_backend)
+            vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
+            vector[block] = result["eval_real_tokens"]
+            vector[block + 1] = result["eval_real_target_forwards"]
+        vector = self.comm.all_reduce_sum(vector)
+        hist, tokens, forwards = vector[:block], float(vector[block]), float(vector[block + 1])
+        gains = float(hist.sum())
+        return {
+            "eval_tau_real": float((hist * torch.arange(1, block + 1, dtype=torch.float64)).sum()) / gains
+            if gains else math.nan,
+            "eval_tau_real_hist": [int(v) for v in hist.tolist()],
+            "eval_speedup_bound": tokens / forwards if forwards else math.nan,
+            "eval_real_prompts": len(self._real_prompts),
         }
 
     # ------------------------------------------------------------------ checkpoints

@@ -46,6 +46,9 @@ def test_smoke_experiment_on_two_ranks(strategy, tmp_path, batchlab_cache):
     assert summary["tokens_seen"] >= 40000 and summary["world_size"] == 2
     assert summary["samples_seen_once"] is True and summary["epochs_exactly_once"] == [True]
     assert math.isfinite(summary["eval_loss"]) and summary["eval_tau"] >= 1.0
+    # real acceptance by speculative decoding of the held-out prompts, shared over both ranks
+    assert 1.0 <= summary["eval_tau_real"] <= 8 and summary["eval_real_prompts"] > 0
+    assert sum(summary["eval_tau_real_hist"]) > 0 and summary["eval_speedup_bound"] >= 1.0
     assert (run_dir / "config.json").is_file()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == f"step-{len(records):08d}.pt"
 

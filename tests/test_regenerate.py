@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 from datasets import Dataset
 from datasets.table import InMemoryTable
@@ -20,7 +21,8 @@ from harness.models.target import HybridTarget
 TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
 
 
-def test_regenerated_dataset(tmp_path):
+@pytest.mark.parametrize("decoder", ["hf", "recompute"])
+def test_regenerated_dataset(tmp_path, decoder):
     ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18, 19, 20, 21], [22, 23, 24]]
     masks = [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1], [0, 1, 1]]
     table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
@@ -31,10 +33,11 @@ def test_regenerated_dataset(tmp_path):
     target = HybridTarget(TINY)
     data = DataConfig(source="stdlib", cache_dir=str(tmp_path))
     settings = RegenerateSettings(max_new_tokens=3)
-    path, meta, built = regenerate(data, TINY, settings, batch_size=3, progress=False, samples=samples, target=target)
+    path, meta, built = regenerate(data, TINY, settings, batch_size=3, progress=False, samples=samples, target=target,
+                                   decoder=decoder)
     assert built and meta["rows"] == 4 and meta["rows_copied_without_prompt"] == 1
     again, _, built_again = regenerate(data, TINY, settings, batch_size=3, progress=False, samples=samples,
-                                       target=target)
+                                       target=target, decoder=decoder)
     assert again == path and not built_again  # cached
     loaded = load_samples(DataConfig(source=str(path), cache_dir=str(tmp_path)), progress=False)
     rows = loaded.samples(range(4))
@@ -51,7 +54,7 @@ def test_regenerated_dataset(tmp_path):
     cfg = DataConfig()
     assert np.array_equal(heldout_split(len(loaded), cfg)[1], heldout_split(len(samples), cfg)[1])
     sampled, _, _ = regenerate(data, TINY, RegenerateSettings(max_new_tokens=3, temperature=1.0), progress=False,
-                               samples=samples, target=target)
+                               samples=samples, target=target, decoder=decoder)
     assert sampled != path  # other settings, another cache entry
 
 

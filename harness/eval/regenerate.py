@@ -14,13 +14,15 @@ The result is a ``save_to_disk`` dataset (``input_ids`` = prompt + regenerated c
 fingerprint, the target (checkpoint files, or config and init seed) and the settings; train on it
 with ``batchlab-train data.source=<printed directory>``.
 
-Decoding recomputes the full forward each step (the tiny targets need no KV cache), a batch of rows
-at a time, rows of similar length together.
+Decoding runs transformers' ``Qwen3_5ForCausalLM.generate`` on the target's weights (KV and
+recurrent caches; ``--decoder recompute``: a full :class:`HybridTarget` forward per token), a batch
+of rows at a time, rows of similar length together (the decoder is part of the cache key).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +43,7 @@ FORMAT_VERSION = 1
 DATASET_DIR = "dataset"
 #: seed of a random-weight target built from a config (the trainer's TARGET_INIT_SEED)
 TARGET_INIT_SEED = 0
+DECODERS = ("hf", "recompute")
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,17 @@ def decode_rows(
     *,
     batch_size: int = 32,
     progress: bool = False,
+    decoder: str = "hf",
 ) -> list[list[int]]:
-    """The target's continuation of every prompt, ``lengths[i]`` tokens at most (fewer at eos)."""
+    """The target's continuation of every prompt, ``lengths[i]`` tokens at most (fewer at eos).
+
+    ``decoder="hf"``: transformers' ``Qwen3_5ForCausalLM.generate`` on the target's weights (the
+    state dict loads without renaming), left-padded batches with its KV / recurrent cache;
+    ``"recompute"``: one full :class:`HybridTarget` forward per token (no cache, slower). Both give the
+    target's greedy tokens (tests compare them with :func:`~harness.eval.speculative.greedy_decode`).
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder={decoder!r}: choose one of {list(DECODERS)}")
     generator = torch.Generator().manual_seed(settings.seed)
     order = np.argsort([len(p) + n for p, n in zip(prompts, lengths)], kind="stable")
     out: list[list[int]] = [[] for _ in prompts]
@@ -70,6 +82,23 @@ def decode_rows(
         from tqdm import tqdm
 
         bar = tqdm(total=int(sum(lengths)), desc="regenerate", unit="tok", file=sys.stderr)
+    if decoder == "hf":
+        model = _hf_model(target)
+        torch.manual_seed(settings.seed)
+        for first in range(0, len(order), batch_size):
+            rows = [int(r) for r in order[first : first + batch_size] if lengths[int(r)] > 0]
+            if rows:
+                for r, tokens in zip(rows, _hf_generate(model, [prompts[r] for r in rows],
+                                                         max(lengths[r] for r in rows), settings)):
+                    tokens = tokens[: lengths[r]]
+                    if settings.eos_id is not None and settings.eos_id in tokens:
+                        tokens = tokens[: tokens.index(settings.eos_id) + 1]
+                    out[r] = tokens
+            if bar is not None:
+                bar.update(sum(lengths[int(r)] for r in order[first : first + batch_size]))
+        if bar is not None:
+            bar.close()
+        return out
     with _inference(target):
         for first in range(0, len(order), batch_size):
             rows = [int(r) for r in order[first : first + batch_size]]
@@ -99,6 +128,35 @@ def decode_rows(
     return out
 
 
+def _hf_model(target: Any) -> Any:
+    """transformers' ``Qwen3_5ForCausalLM`` holding the target's weights (eval mode, cache on)."""
+    from transformers import Qwen3_5ForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.use_cache = True
+    model = Qwen3_5ForCausalLM(config).to(device=target.device, dtype=target.dtype).eval()
+    model.load_state_dict(target.state_dict())
+    return model
+
+
+def _hf_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 settings: RegenerateSettings) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    device = model.lm_head.weight.device
+    input_ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):  # left padding: every row's next token is at the end
+        input_ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
+        attention_mask[row, width - len(prompt):] = 1
+    sampling = {"do_sample": True, "temperature": settings.temperature, "top_k": 0, "top_p": 1.0} \
+        if settings.temperature > 0 else {"do_sample": False}
+    with torch.no_grad():
+        output = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                max_new_tokens=max_new_tokens, min_new_tokens=0, use_cache=True,
+                                pad_token_id=0, eos_token_id=settings.eos_id, **sampling)
+    return output[:, width:].tolist()
+
+
 def _forward_logits(target: Any, docs: Sequence[Sequence[int]]) -> torch.Tensor:
     """``[n, vocab]`` next-token logits after the last token of every document (one padded forward)."""
     from harness.models.layout import TokenBatch
@@ -112,7 +170,7 @@ def _forward_logits(target: Any, docs: Sequence[Sequence[int]]) -> torch.Tensor:
 
 def regenerate_samples(
     samples: TokenizedSamples, target: Any, settings: RegenerateSettings, *, batch_size: int = 32,
-    progress: bool = False,
+    progress: bool = False, decoder: str = "hf",
 ) -> tuple[dict[str, list], dict[str, Any]]:
     """Columns ``input_ids`` / ``loss_mask`` with regenerated completions, and a summary."""
     rows = samples.samples(range(len(samples)))
@@ -124,7 +182,8 @@ def regenerate_samples(
         start = 0 if settings.max_prompt_tokens is None else max(0, cut - settings.max_prompt_tokens)
         prompts.append([int(x) for x in ids[start:cut]] if cut else [0])
         lengths.append(0 if cut == 0 else min(int(ids.size) - cut, settings.max_new_tokens))
-    completions = decode_rows(target, prompts, lengths, settings, batch_size=batch_size, progress=progress)
+    completions = decode_rows(target, prompts, lengths, settings, batch_size=batch_size, progress=progress,
+                              decoder=decoder)
     input_ids, loss_mask = [], []
     for (ids, mask), prompt, completion, as_is in zip(rows, prompts, completions, keep_as_is):
         if as_is:
@@ -165,13 +224,13 @@ def load_target(target_spec: str | Path, vocab_size: int | None = None) -> Any:
 
 def regenerate(
     data: DataConfig, target_spec: str | Path, settings: RegenerateSettings, *, batch_size: int = 32,
-    progress: bool = True, samples: TokenizedSamples | None = None, target: Any = None,
+    progress: bool = True, samples: TokenizedSamples | None = None, target: Any = None, decoder: str = "hf",
 ) -> tuple[Path, dict[str, Any], bool]:
     """The cached regenerated dataset of ``data`` by ``target_spec``: ``(dataset_dir, meta, built)``."""
     samples = samples if samples is not None else load_samples(data, progress=progress)
     key = cache.digest({
         "format": FORMAT_VERSION, "data": samples.fingerprint, "target": target_identity(target_spec),
-        "vocab_size": samples.vocab_size, "settings": settings.__dict__,
+        "vocab_size": samples.vocab_size, "settings": settings.__dict__, "decoder": decoder,
     })
 
     def build(tmp: Path) -> dict:
@@ -179,12 +238,13 @@ def regenerate(
 
         model = target if target is not None else load_target(target_spec, samples.vocab_size)
         start = time.perf_counter()
-        columns, summary = regenerate_samples(samples, model, settings, batch_size=batch_size, progress=progress)
+        columns, summary = regenerate_samples(samples, model, settings, batch_size=batch_size, progress=progress,
+                                              decoder=decoder)
         features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                                       "loss_mask": datasets.Sequence(datasets.Value("int8"))})
         datasets.Dataset.from_dict(columns, features=features).save_to_disk(str(tmp / DATASET_DIR))
         return {**summary, "source": samples.source, "data_fingerprint": samples.fingerprint,
-                "target": str(target_spec), "settings": settings.__dict__, "seconds": time.perf_counter() - start}
+                "target": str(target_spec), "settings": settings.__dict__, "decoder": decoder, "seconds": time.perf_counter() - start}
 
     entry, meta, built = cache.ensure_entry(data.resolved_cache_dir(), PREFIX, key, build)
     return entry / DATASET_DIR, meta, built
@@ -209,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--eos-id", type=int, default=None, help="stop a completion after this token")
     parser.add_argument("--batch-size", type=int, default=32, help="rows decoded together")
+    parser.add_argument("--decoder", choices=DECODERS, default="hf",
+                        help="hf: transformers generate with a cache (default); recompute: full forward per token")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -222,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = RegenerateSettings(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                                   temperature=args.temperature, seed=args.seed, eos_id=args.eos_id)
     path, meta, built = regenerate(data, args.target, settings, batch_size=args.batch_size,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress, decoder=args.decoder)
     state = "built" if built else "cached"
     print(f"{state}: {meta['rows']} rows, {meta['regenerated_tokens']} regenerated tokens -> {path}", file=sys.stderr)
     print(path)

@@ -41,11 +41,13 @@ TABLE_COLUMNS = {
     "tokens_per_second": ("real tokens/s", "{:.0f}"),
     "relative_throughput": ("× sorted", "{:.2f}"),
     "padding_pct": ("padding %", "{:.1f}"),
+    "steps": ("optimizer steps", "{:.0f}"),
     "grad_diversity": ("gradient diversity", "{:.3g}"),
     "lag1_acf": ("lag-1 ACF", "{:+.2f}"),
     "recurrence": ("recurrence", "{:.2f}"),
     "final_eval_loss": ("held-out loss", "{:.3f}"),
     "final_eval_tau": ("τ", "{:.3f}"),
+    "final_eval_tau_real": ("τ real", "{:.3f}"),
     "tokens_to_loss": ("tokens to target loss", "{:.0f}"),
 }
 
@@ -124,6 +126,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "recurrence_kind": "step" if rec_column == "plan_step_recurrence" else "micro-batch",
             "final_eval_loss": _last_eval(history, "eval_loss"),
             "final_eval_tau": _last_eval(history, "eval_tau"),
+            "final_eval_tau_real": _last_eval(history, "eval_tau_real"),
             "target_loss": target,
             "tokens_to_loss": tokens_to_reach(history, target),
         })
@@ -153,7 +156,7 @@ def strategy_table(per_run: pd.DataFrame) -> pd.DataFrame:
         group = per_run[per_run["strategy"] == strategy]
         row: dict[str, Any] = {"strategy": strategy, "seeds": int(len(group))}
         for column in TABLE_COLUMNS:
-            values = _finite(group[column])
+            values = _finite(group[column]) if column in group.columns else pd.Series([], dtype=float)
             row[column] = float(values.mean()) if len(values) else math.nan
             row[f"{column}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else (0.0 if len(values) else math.nan)
             row[f"{column}_n"] = int(len(values))

@@ -119,10 +119,14 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         f"real tokens/s = Σ real tokens / Σ step time; × {reference} = ratio to the same seed's {reference} run"
         + ("" if reference == "sorted" else " (no sorted run in this sweep: the fastest strategy is the reference)")
         + ".",
-        "padding % = 1 − Σ real tokens / Σ computed slots; gradient diversity = mean over measured steps.",
+        "padding % = 1 − Σ real tokens / Σ computed slots; optimizer steps differ between strategies at equal "
+        "tokens (one budget per micro-batch); gradient diversity = mean over measured steps (Yin's Δ between a "
+        "step's small batches: higher when they pull in different directions).",
         "lag-1 ACF = the plan's autocorrelation of step mean length at lag 1 (mean over epochs); "
         f"recurrence = {kind}-level composition recurrence between consecutive epochs (1: same batches every epoch).",
-        "held-out loss and τ = last evaluation; tokens to target loss = tokens seen at the first evaluation with "
+        "held-out loss and τ = last evaluation (τ teacher-forced against the data; τ real = tokens per target "
+        "forward in greedy speculative decoding of held-out prompts); tokens to target loss = tokens seen at the "
+        "first evaluation with "
         f"held-out loss ≤ {per_run['target_loss'].iloc[0]:.3f}.",
     ]
     if table["grad_diversity"].isna().all():

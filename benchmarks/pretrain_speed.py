@@ -46,6 +46,9 @@ from results_file import cpu_model, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Target pretraining speed (CPU)"
+THREADS_NOTE = (
+    '- Measured at one torch thread (`--threads`, default 1). With two threads on this shared 2-core machine (load average 3-4 from other jobs at the time) every layout ran 3-10x slower and the ratio between implementations swung from 0.3x to 1.3x between runs: each of the many small ops waits at an OpenMP barrier for a descheduled thread, so those numbers measured the load, not the code. Separate per-batch timings at two threads under the same load put batchlab at 0.8-1.2x transformers.'
+)
 LAYOUTS = {  # name -> (implementation, layout)
     "transformers, padded": ("transformers", "padded"),
     "batchlab, padded": ("batchlab", "padded"),
@@ -142,7 +145,7 @@ def format_section(result: dict, command: str, load: tuple[float, float, float])
         f"Command: `{command}`  ",
         f"Date: {dt.date.today().isoformat()}  ",
         f"Machine: {cpu_model()}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, "
-        f"torch {torch.__version__}, Python {platform.python_version()}, {result['threads']} torch threads  ",
+        f"torch {torch.__version__}, Python {platform.python_version()}, {result['threads']} torch thread(s)  ",
         f"Load average at start (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}",
         "",
         f"One pretraining step (forward, next-token loss over all real tokens, backward, clip, AdamW) of "
@@ -170,8 +173,10 @@ def format_section(result: dict, command: str, load: tuple[float, float, float])
         f"- Same weights, first padded batch: loss {losses['transformers']:.6f} (transformers), "
         f"{losses['batchlab']:.6f} (batchlab, padded), {losses['batchlab packed']:.6f} (batchlab, the same "
         "documents packed).",
-        "",
     ]
+    if result["threads"] == 1:
+        lines.append(THREADS_NOTE)
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -140,3 +140,18 @@ def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="steps"):
         PretrainConfig(steps=0)
     assert np.isfinite(PretrainConfig().lr)
+
+
+def test_transformers_implementation_builds_a_loadable_checkpoint(batchlab_cache) -> None:
+    result = pretrained_target(DATA, TARGET, PretrainConfig(steps=3, max_tokens=512, implementation="transformers"),
+                               progress=False)
+    assert result.built and result.meta["settings"]["implementation"] == "transformers"
+    assert result.meta["heldout"]["loss"] < result.meta["heldout"]["untrained_loss"]
+    assert HybridTarget.from_pretrained(result.path).config.vocab_size == 300
+
+
+def test_hydra_containers_give_the_same_entry(built) -> None:
+    from omegaconf import OmegaConf
+
+    as_hydra = OmegaConf.create({**TARGET, "pretrained": "embedded"})
+    assert ensure_pretrained_target(DATA, as_hydra, SETTINGS, progress=False) == built.path

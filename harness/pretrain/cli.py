@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     training = result.meta["training"]
     verb = "trained" if result.built else "cached"
     print(f"pretrained target ({verb}): {path}")
-    print(f"  {training['steps']} steps, {training['tokens']:,} tokens ({training['epochs']} epochs) "
+    print(f"  {training['steps']} steps, {training['tokens']:,} tokens ({training['epochs']:.1f} epochs) "
           f"in {training['seconds']:.0f} s ({training['tokens_per_second']:,.0f} tok/s, "
           f"{result.meta['settings']['implementation']})")
     if held.get("loss") is None:

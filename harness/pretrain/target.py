@@ -192,7 +192,7 @@ def read_pretrain_meta(path: str | Path) -> dict:
 def _target_config(target_kwargs: dict, data_vocab: int | None):
     from harness.models.config import load_target_config
 
-    kwargs = {k: v for k, v in dict(target_kwargs).items() if k != "pretrained"}
+    kwargs = {k: _plain(v) for k, v in dict(target_kwargs).items() if k != "pretrained"}
     if data_vocab is not None:
         given = kwargs.get("vocab_size")
         if given is None:
@@ -205,6 +205,17 @@ def _target_config(target_kwargs: dict, data_vocab: int | None):
     elif kwargs.get("vocab_size") is None:
         raise ValueError("the data source has no tokenizer vocabulary: give target_kwargs['vocab_size']")
     return load_target_config(kwargs)
+
+
+def _plain(value):
+    """Plain dicts and lists (e.g. from Hydra's DictConfig / ListConfig): JSON-able, equal keys for equal values."""
+    from collections.abc import Mapping, Sequence
+
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _config_identity(config) -> dict:
@@ -306,7 +317,8 @@ def _train(model: torch.nn.Module, train: lm.Windows, settings: PretrainConfig, 
     seconds = time.perf_counter() - started
     return {
         "steps": total,
-        "epochs": epochs,
+        "epochs": round(tokens / max(train.num_tokens, 1), 3),  # passes over the training windows
+        "epochs_started": epochs,
         "tokens": tokens,
         "labels": labels_seen,
         "seconds": round(seconds, 3),

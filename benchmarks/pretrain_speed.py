@@ -36,13 +36,18 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from results_file import cpu_model, write_section
 
 from harness.data.config import DataConfig
 from harness.data.samples import heldout_split, load_samples
 from harness.models.config import load_target_config
 from harness.pretrain import lm
-from harness.pretrain.target import PretrainConfig, _initial_model, make_optimizer, trainable_model
-from results_file import cpu_model, write_section
+from harness.pretrain.target import (
+    PretrainConfig,
+    _initial_model,
+    make_optimizer,
+    trainable_model,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Target pretraining speed (CPU)"

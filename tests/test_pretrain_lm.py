@@ -7,6 +7,7 @@ gradients of batchlab's packed path (``HybridTarget.compute_logits``) against tr
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -86,5 +87,5 @@ def test_learning_rate_warms_up_then_decays_to_the_floor() -> None:
     settings = PretrainConfig(lr=1e-3, min_lr_ratio=0.1, warmup_steps=10)
     rates = [learning_rate(step, 100, settings) for step in range(100)]
     assert rates[0] == pytest.approx(1e-4) and rates[9] == pytest.approx(1e-3)
-    assert all(a >= b for a, b in zip(rates[9:], rates[10:]))
+    assert all(a >= b for a, b in itertools.pairwise(rates[9:]))
     assert abs(rates[-1] - 1e-4) < 1e-12

@@ -197,3 +197,41 @@ def test_a_samples_anchors_do_not_depend_on_its_neighbours(batchlab_cache):
     assert len(seen) == len(samples)
     assert all(all(a == draws[0] for a in draws) for draws in seen.values())
     assert sum(len(draws[0]) > 0 for draws in seen.values()) > len(samples) // 2
+
+
+def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path, batchlab_cache):
+    """data.completions=regenerated: the same prompts with the (pretrained) target's greedy completions."""
+    from transformers import Qwen3_5ForCausalLM
+
+    from harness.data.samples import heldout_split
+    from harness.models.config import load_target_config
+    from train_support import REPO
+
+    import yaml
+
+    kwargs = yaml.safe_load((REPO / "conf" / "target" / "tiny.yaml").read_text())
+    kwargs["vocab_size"] = 512
+    torch.manual_seed(0)
+    checkpoint = tmp_path / "target"
+    Qwen3_5ForCausalLM(load_target_config(kwargs)).save_pretrained(checkpoint)
+    base = [*IN_PROCESS, "experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
+            "trainer.stop_tokens=2000", f"target.pretrained={checkpoint}"]
+    with pytest.raises(ValueError, match="needs a pretrained target"):
+        run(compose_config([*IN_PROCESS, "experiment=smoke", "trainer.nproc=1", "data.completions=regenerated"]),
+            tmp_path / "random")
+    summary = run(compose_config([*base, "data.completions=regenerated"]), tmp_path / "run")
+    assert summary["status"] == "complete"
+    used = json.loads((tmp_path / "run" / "config.json").read_text())["data"]
+    assert used["completions"] == "corpus" and "regen-" in used["source"]
+    original = load_samples(DataConfig(**{**compose_config(base)["data"]}), progress=False)
+    regenerated = load_samples(DataConfig(**used), progress=False)
+    assert len(regenerated) == len(original)
+    assert list(heldout_split(len(original), DataConfig(**used))[1]) == list(
+        heldout_split(len(regenerated), DataConfig(**used))[1])
+    changed = 0
+    for row in range(len(original)):
+        (ids_a, mask_a), (ids_b, mask_b) = original.sample(row), regenerated.sample(row)
+        prompt = int((~mask_a.astype(bool)).cumprod().sum())
+        assert list(ids_b[:prompt]) == list(ids_a[:prompt])  # the same prompt
+        changed += list(ids_b[prompt:]) != list(ids_a[prompt:])
+    assert changed > len(original) // 2  # the completions are the target's, not the corpus's

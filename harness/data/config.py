@@ -42,6 +42,10 @@ class DataConfig:
             ``"drop"`` (dropped and counted) or ``"error"``.
         cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
             ``~/.cache/batchlab``.
+        completions: ``"corpus"`` (the data's own completions) or ``"regenerated"``: every prompt's
+            completion regenerated greedily by the run's (pretrained) target before training, as the
+            anchor trainers do, so that the drafter learns the target's distribution
+            (``harness.eval.regenerate``, cached).
     """
 
     source: str = STDLIB_SOURCE
@@ -54,8 +58,14 @@ class DataConfig:
     heldout_seed: int = 1234
     no_anchor: str = "drop"
     cache_dir: str | None = None
+    completions: str = "corpus"
 
     def __post_init__(self) -> None:
+        if self.completions not in ("corpus", "regenerated"):
+            raise DataConfigError(
+                f"data.completions={self.completions!r}: give 'corpus' (the data's own completions) or "
+                "'regenerated' (the target's greedy completions of the same prompts)"
+            )
         if not isinstance(self.source, str) or not self.source.strip():
             raise DataConfigError(
                 f"data.source={self.source!r}: give 'stdlib' (the embedded corpus), a save_to_disk "

@@ -54,6 +54,26 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 
+def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """``data.completions=regenerated``: the config with ``data.source`` pointing at the target's regenerated
+    completions of the same prompts (built once, cached); any other config as it is."""
+    if config.data.completions != "regenerated":
+        return config_dict
+    if not config.target.pretrained:
+        raise ValueError(
+            "data.completions=regenerated needs a pretrained target (target=tiny-pretrained, or "
+            "target.pretrained=CHECKPOINT_DIR): a random-weight target's continuations carry nothing to learn"
+        )
+    from harness.eval.regenerate import RegenerateSettings, regenerate
+
+    target = pretrained_target_path(config, progress=config.trainer.progress)
+    dataset, _, _ = regenerate(config.data, target, RegenerateSettings(), progress=config.trainer.progress)
+    # the regenerated rows are the selected rows, in order: the held-out split picks the same prompts
+    data = {**config_dict["data"], "source": str(dataset), "max_documents": None, "split": None,
+            "completions": "corpus"}
+    return {**config_dict, "data": data}
+
+
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
     config = run_config_from_dict(config_dict)
@@ -75,6 +95,8 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """A whole run from a resolved config: validate, build the data cache once, start the ranks, train."""
     config = run_config_from_dict(config_dict)  # fail here, before any process starts
+    config_dict = _with_regenerated_completions(config, config_dict)
+    config = run_config_from_dict(config_dict)
     run_dir = Path(run_dir)
     previous = run_dir / "config.json"
     if previous.exists() and config.trainer.resume:

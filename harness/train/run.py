@@ -39,7 +39,7 @@ RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_fac
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every setting (dotted key) that differs, runtime settings aside."""
+    """``key: old -> new`` for every setting (dotted key) of the old run that differs, runtime settings aside."""
     def flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in values.items():
@@ -50,7 +50,9 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         return out
 
     before, after = flat(old), flat(new)
-    keys = sorted(k for k in set(before) | set(after) if not k.startswith(RUNTIME_KEYS))
+    # a key the old run's config does not have is a setting added to batchlab since (its default is the
+    # behaviour the old run had): not a difference
+    keys = sorted(k for k in before if not k.startswith(RUNTIME_KEYS))
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 

@@ -48,6 +48,25 @@ class LengthsSourceError(ValueError):
     """A lengths source that cannot be read as one integer length per sample."""
 
 
+def select_split(loaded, split: str | None, path: Path, error: type[Exception], option: str,
+                 drop_fix: str):
+    """``(dataset, split)`` of what ``load_from_disk`` returned: a Dataset as it is (no split may be asked
+    for), a DatasetDict's ``split`` (its only split when none is given); ``error`` names the splits."""
+    import datasets
+
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if split is None and len(splits) == 1:
+            split = splits[0]
+        if split not in loaded:
+            wanted = "no split given" if split is None else f"split {split!r} not found"
+            raise error(f"{path}: {wanted}; this DatasetDict has splits {splits} — pass one with {option}")
+        return loaded[split], split
+    if split is not None:
+        raise error(f"{path}: split={split!r} given but this is a single Dataset, not a DatasetDict{drop_fix}")
+    return loaded, split
+
+
 def load_lengths(
     source: str | os.PathLike[str],
     column: str | None = None,
@@ -129,20 +148,8 @@ def _load_saved_dataset(path: Path, column: str | None, split: str | None) -> np
         )
     import datasets  # imported here: slow to import and only this format needs it
 
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        splits = list(loaded)
-        if split is None and len(splits) == 1:
-            split = splits[0]
-        if split not in loaded:
-            wanted = "no split given" if split is None else f"split {split!r} not found"
-            raise LengthsSourceError(
-                f"{path}: {wanted}; this DatasetDict has splits {splits} — pass one with split= "
-                "(--split on the command line)"
-            )
-        loaded = loaded[split]
-    elif split is not None:
-        raise LengthsSourceError(f"{path}: split={split!r} given but this is a single Dataset, not a DatasetDict")
+    loaded, split = select_split(datasets.load_from_disk(str(path)), split, path, LengthsSourceError,
+                                 option="split= (--split on the command line)", drop_fix="")
     name = _pick_column(path, loaded.column_names, column)
     # The "arrow" format hands back the column as a pyarrow ChunkedArray (indices mapping applied);
     # list lengths then come from the Arrow offsets without touching the token values.

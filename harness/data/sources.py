@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from harness.data import cache
 from harness.data.config import DataConfig
 from harness.data.errors import DataValidationError
+from harness.data.lengths import select_split
 
 FORMAT_VERSION = 1
 SOURCE_PREFIX = "source"
@@ -101,23 +102,8 @@ def _load_saved(path: Path, cfg: DataConfig, progress: bool) -> LoadedSource:
         )
     import datasets
 
-    loaded = datasets.load_from_disk(str(path))
-    split = cfg.split
-    if isinstance(loaded, datasets.DatasetDict):
-        splits = list(loaded)
-        if split is None and len(splits) == 1:
-            split = splits[0]
-        if split not in loaded:
-            wanted = "no split given" if split is None else f"split {split!r} not found"
-            raise DataSourceError(
-                f"{path}: {wanted}; this DatasetDict has splits {splits} — set data.split to one of them"
-            )
-        loaded = loaded[split]
-    elif split is not None:
-        raise DataSourceError(
-            f"{path}: data.split={split!r} given but this is a single Dataset, not a DatasetDict; "
-            "set data.split to null"
-        )
+    loaded, split = select_split(datasets.load_from_disk(str(path)), cfg.split, path, DataSourceError,
+                                 option="data.split", drop_fix="; set data.split to null")
     columns = loaded.column_names
     _check_columns(path, loaded.features.arrow_schema, "row")
     fingerprint = cache.digest(

@@ -233,5 +233,6 @@ def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path
         (ids_a, mask_a), (ids_b, mask_b) = original.sample(row), regenerated.sample(row)
         prompt = int((~mask_a.astype(bool)).cumprod().sum())
         assert list(ids_b[:prompt]) == list(ids_a[:prompt])  # the same prompt
+        assert not mask_b[:prompt].any() and mask_b[prompt:].all()  # the loss covers the new completion
         changed += list(ids_b[prompt:]) != list(ids_a[prompt:])
     assert changed > len(original) // 2  # the completions are the target's, not the corpus's

@@ -327,6 +327,11 @@ class DFlashDrafter(nn.Module):
         )
         return self._keep_parameters_in_graph(result, inputs.layout.num_blocks)
 
+    def empty_loss(self, device: torch.device | str) -> DrafterLoss:
+        """The sums of a micro-batch with no token at all (a short last step): zeros, with every trainable
+        parameter in the graph of ``weighted_ce_sum``, as for a batch with no block."""
+        return self._keep_parameters_in_graph(DrafterLoss.zeros(self.block_size - 1, device), 0)
+
     def _keep_parameters_in_graph(self, result: DrafterLoss, num_blocks: int) -> DrafterLoss:
         if num_blocks == 0 and torch.is_grad_enabled():
             trainable = [p for p in self.parameters() if p.requires_grad]

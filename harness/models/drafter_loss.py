@@ -62,6 +62,19 @@ class DrafterLoss:
     def __add__(self, other: DrafterLoss) -> DrafterLoss:
         return DrafterLoss(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
 
+    def detach(self) -> DrafterLoss:
+        """The same sums outside the autograd graph (for logging and accumulation)."""
+        return DrafterLoss(**{f.name: getattr(self, f.name).detach() for f in fields(self)})
+
+    @staticmethod
+    def zeros(num_slots: int, device: torch.device | str = "cpu") -> DrafterLoss:
+        """The sums of a micro-batch with nothing in it (``num_slots`` = block size − 1)."""
+        zero = torch.zeros((), device=device)
+        per_position = torch.zeros(num_slots, device=device)
+        return DrafterLoss(weighted_ce_sum=zero, weight_sum=zero, correct_sum=zero, label_count=zero,
+                           tau_sum=zero, block_count=zero, blocks_computed=zero,
+                           correct_per_position=per_position, count_per_position=per_position)
+
     def loss(self) -> torch.Tensor:
         """``Σ w·CE / Σ w`` of these sums (0 when no label counts); normalise globally in training."""
         return self.weighted_ce_sum / self.weight_sum.clamp_min(torch.finfo(self.weight_sum.dtype).tiny)

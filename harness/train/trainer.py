@@ -79,21 +79,9 @@ class DrafterObjective(torch.nn.Module):
 
     def forward(self, batch: TrainingBatch, features: Any) -> DrafterLoss:
         if batch.empty:
-            return empty_loss(self.drafter)
+            return self.drafter.empty_loss(self.drafter.fc.weight.device)
         hidden = self.drafter.forward_prepared(batch.drafter, features)
         return self.drafter.prepared_loss(batch.drafter, hidden)
-
-
-def empty_loss(drafter: DFlashDrafter) -> DrafterLoss:
-    """Zero sums whose graph reaches every trainable parameter (zero, not missing, gradients)."""
-    trainable = [p for p in drafter.parameters() if p.requires_grad]
-    zero = torch.stack([p.reshape(-1)[:1].float().sum() for p in trainable]).sum() * 0.0
-    slots = drafter.block_size - 1
-    nothing = torch.zeros((), device=zero.device)
-    return DrafterLoss(weighted_ce_sum=zero, weight_sum=nothing, correct_sum=nothing, label_count=nothing,
-                       tau_sum=nothing, block_count=nothing, blocks_computed=nothing,
-                       correct_per_position=torch.zeros(slots, device=zero.device),
-                       count_per_position=torch.zeros(slots, device=zero.device))
 
 
 @dataclass
@@ -136,6 +124,7 @@ class Trainer:
         self.state = TrainState()
         self.stop_requested = False
         self._consumed_log_checked = False
+        self._last_plan: Plan | None = None
         self._build_data()
         self._build_models()
         self._build_optimizer()
@@ -274,10 +263,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ plans and batches
     def plan_epoch(self, epoch: int) -> Plan:
+        """The plan of ``epoch`` (the last one made is kept: each epoch's metrics plan the next one first)."""
+        if self._last_plan is not None and self._last_plan.epoch == epoch:
+            return self._last_plan
         cfg = self.config
-        return self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=epoch,
-                                  world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
-                                  balance=cfg.balance)
+        self._last_plan = self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=epoch,
+                                             world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
+                                             balance=cfg.balance)
+        return self._last_plan
 
     def batch_generator(self, plan: Plan, start_step: int) -> Iterator[tuple[int, list[TrainingBatch], float]]:
         """This rank's ``(step, grad_accum micro-batches, data wait in seconds)`` from ``start_step`` on."""
@@ -319,7 +312,7 @@ class Trainer:
                 sums = self.objective(batch, features)
             (sums.weighted_ce_sum / global_weight).backward()
         self._sync()
-        return _detached(sums), target_done - started, time.perf_counter() - target_done
+        return sums.detach(), target_done - started, time.perf_counter() - target_done
 
     def train_step(self, batches: list[TrainingBatch], data_wait: float, measure_grads: bool) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches; returns the step's record (global metrics)."""
@@ -459,7 +452,7 @@ class Trainer:
             features = self.target(batch.tokens, gdn_backend=self.config.trainer.gdn_backend,
                                    tap_layer_ids=drafter.target_layer_ids)
             with self._autocast():
-                sums = _detached(drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)))
+                sums = drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)).detach()
             total = sums if total is None else total + sums
         slots = drafter.block_size - 1
         if total is None:  # this rank's share of the held-out set is empty
@@ -755,10 +748,6 @@ def _run_averages(path: Path) -> dict[str, Any]:
             (r["plan_acf"][0] for r in records if isinstance(r.get("plan_acf"), list) and r["plan_acf"]), math.nan),
         "plan_recurrence": next((r["plan_recurrence"] for r in records if "plan_recurrence" in r), math.nan),
     }
-
-
-def _detached(sums: DrafterLoss) -> DrafterLoss:
-    return DrafterLoss(**{k: v.detach() for k, v in sums.__dict__.items()})
 
 
 def _peak_memory_mb(device: torch.device) -> float:

@@ -31,17 +31,6 @@ TITLE = "## Training throughput per strategy (CPU, batchlab-train)"
 GOALS = {"packed": 1.0, "bucketed": 0.92}
 
 
-def compose(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from harness.train.config import register_schemas, resolved_dict
-
-    register_schemas()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        return resolved_dict(hydra_compose("train", overrides=overrides))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--strategies", default="sorted,shuffle,bucketed,packed,length_grouped")
@@ -52,6 +41,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 
+    from harness.train.config import compose_run_config as compose
     from harness.train.run import run
 
     strategies = args.strategies.split(",")

@@ -11,13 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def compose_config(overrides):
     """The resolved config dict that `batchlab-train OVERRIDES` would run."""
-    from hydra import compose, initialize_config_dir
+    from harness.train.config import compose_run_config
 
-    from harness.train.config import register_schemas, resolved_dict
-
-    register_schemas()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "conf")):
-        return resolved_dict(compose("train", overrides=list(overrides)))
+    return compose_run_config(overrides)
 
 
 def train_cli(args, cwd, timeout=300, env_extra=None):

@@ -13,15 +13,12 @@ Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, `
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.train.config import register_schemas, resolved_dict
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from harness.train.config import CONF_DIR, register_schemas, resolved_dict
 
 register_schemas()
 

@@ -27,6 +27,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from harness.data.config import DataConfig
@@ -267,6 +268,19 @@ def register_schemas() -> None:
     store.store(name="run_schema", node=RunConfig)
     for strategy, schema in strategy_schemas().items():
         store.store(group="strategy", name=f"{strategy}_schema", node=schema)
+
+
+#: the Hydra config tree (the repository's conf/, next to the installed-in-place packages)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The resolved config ``batchlab-train OVERRIDES`` would run (for tests, benchmarks, notebooks)."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return resolved_dict(compose("train", overrides=list(overrides)))
 
 
 def resolved_dict(cfg: Any) -> dict[str, Any]:

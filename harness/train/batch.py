@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,8 @@ class TrainingBatch:
     drafter: DrafterInputs | None
     computed_slots: int  # token slots the target computes: rows x width (padded) or the row length (packed)
     weight_sum: float  # Σw of the drafter loss over this micro-batch (host float)
+    # the target's features when they were computed elsewhere (topology=disaggregated); None: run the target
+    features: Any = None
 
     @property
     def empty(self) -> bool:
@@ -53,7 +56,7 @@ class TrainingBatch:
             return self
         return TrainingBatch(self.sample_indices, self.lengths, self.tokens.to(device, non_blocking=non_blocking),
                              self.drafter.to(device, non_blocking=non_blocking), self.computed_slots,
-                             self.weight_sum)
+                             self.weight_sum, self.features)
 
 
 @dataclass

@@ -15,6 +15,7 @@ drafter/       :data:`DrafterSchema`: :class:`harness.models.drafter.DrafterConf
 optim/         :class:`OptimConfig`
 trainer/       :class:`TrainerConfig`
 logger/        :class:`LoggerConfig`
+topology/      :class:`TopologyConfig`: where target and drafter run (colocated, disaggregated)
 =============  ==================================================================================
 
 The Hydra job resolves the config once into a plain dict (:func:`resolved_dict`) that travels to the
@@ -144,6 +145,47 @@ class LoggerConfig:
         _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
 
 
+TOPOLOGIES = ("colocated", "disaggregated")
+DISPATCHES = ("dynamic", "round_robin")
+
+
+@dataclass
+class TopologyConfig:
+    """Where the target and the drafter run (:mod:`harness.train.topology`).
+
+    ``colocated``: every rank runs the target and the drafter (DDP on the drafter). ``disaggregated``:
+    ``target_ranks`` ranks run the target and send its features to ``drafter_ranks`` ranks (DDP among
+    themselves), at most ``max_in_flight`` unacknowledged micro-batches per link; ``trainer.nproc`` must be
+    ``target_ranks + drafter_ranks``.
+    """
+
+    name: str = "colocated"
+    target_ranks: int = 1  # disaggregated only
+    drafter_ranks: int = 1  # disaggregated only
+    max_in_flight: int = 2  # micro-batches sent and not yet taken by the drafter, per (target, drafter) link
+    dispatch: str = "dynamic"  # dynamic: a free target rank takes the next micro-batch; round_robin: fixed
+    # a peer silent for this long (no heartbeat in the job's store while this rank waits on it) ends the job
+    peer_timeout_s: float = 300.0
+    drafter_delay_s: float = 0.0  # tests and benchmarks: the drafter sleeps this long after every step
+
+    def __post_init__(self) -> None:
+        _choice("topology.name", self.name, TOPOLOGIES)
+        _choice("topology.dispatch", self.dispatch, DISPATCHES)
+        for name in ("target_ranks", "drafter_ranks", "max_in_flight"):
+            _at_least(f"topology.{name}", getattr(self, name), 1)
+        if not self.peer_timeout_s > 0:
+            raise ValueError(f"topology.peer_timeout_s={self.peer_timeout_s} must be > 0")
+        _at_least("topology.drafter_delay_s", self.drafter_delay_s, 0.0)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.name == "disaggregated"
+
+    @property
+    def world_size(self) -> int:
+        return self.target_ranks + self.drafter_ranks
+
+
 # ------------------------------------------------------------------ schemas generated from the code
 def _omegaconf_type(hint: Any) -> Any:
     """The hint if OmegaConf can type-check it (primitives, Optional/List of them), else ``Any``."""
@@ -227,6 +269,22 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+
+    def __post_init__(self) -> None:
+        topology = self.topology
+        if topology.disaggregated and self.trainer.nproc not in (1, topology.world_size):
+            raise ValueError(
+                f"topology=disaggregated runs topology.target_ranks + topology.drafter_ranks = "
+                f"{topology.target_ranks} + {topology.drafter_ranks} = {topology.world_size} ranks but "
+                f"trainer.nproc={self.trainer.nproc}; set trainer.nproc={topology.world_size} or change the "
+                "topology's rank counts"
+            )
+        if topology.disaggregated and self.trainer.nproc == 1:
+            raise ValueError(
+                f"topology=disaggregated needs trainer.nproc=topology.target_ranks + topology.drafter_ranks = "
+                f"{topology.world_size} (got trainer.nproc=1); set trainer.nproc={topology.world_size}"
+            )
 
     # typed views of the groups kept as plain mappings ----------------------------------------
     @property
@@ -304,6 +362,7 @@ def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
         "optim": OptimConfig(**values.pop("optim", {})),
         "trainer": TrainerConfig(**values.pop("trainer", {})),
         "logger": LoggerConfig(**values.pop("logger", {})),
+        "topology": TopologyConfig(**values.pop("topology", {})),
     }
     config = RunConfig(**values, **typed)
     if not config.strategy or "name" not in config.strategy:

@@ -108,19 +108,24 @@ class Interrupted(RuntimeError):
 
 
 class Collectives:
-    """The trainer's collectives; identity on one rank."""
+    """The trainer's collectives over ``group`` (None: the whole job); identity on one rank.
 
-    def __init__(self, env: RankEnv) -> None:
+    ``env`` is the rank's place in that group (a disaggregated run's drafter ranks form their own group,
+    see :mod:`harness.train.topology`).
+    """
+
+    def __init__(self, env: RankEnv, group: Any = None) -> None:
         self.env = env
+        self.group = group
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.env.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.env.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -128,16 +133,16 @@ class Collectives:
         if not self.env.distributed:
             return tensor[None].clone()
         gathered = [torch.empty_like(tensor) for _ in range(self.env.world_size)]
-        dist.all_gather(gathered, tensor)
+        dist.all_gather(gathered, tensor, group=self.group)
         return torch.stack(gathered)
 
     def all_gather_object(self, value: Any) -> list[Any]:
         if not self.env.distributed:
             return [value]
         gathered: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(gathered, value)
+        dist.all_gather_object(gathered, value, group=self.group)
         return gathered
 
     def barrier(self) -> None:
         if self.env.distributed:
-            dist.barrier()
+            dist.barrier(group=self.group)

@@ -25,8 +25,10 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
+from harness.train.feature_link import DrafterLink
 from harness.train.metrics import write_json_atomic
-from harness.train.trainer import EMBEDDED_TARGET, Trainer, pretrained_target_path
+from harness.train.topology import TARGET, place
+from harness.train.trainer import EMBEDDED_TARGET, Trainer, build_target, pretrained_target_path
 
 
 class RunDirectoryInUse(ValueError):
@@ -76,13 +78,35 @@ def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> d
     return {**config_dict, "data": data}
 
 
+def run_target_rank(config: Any, placement: Any, run_dir: str) -> dict[str, Any]:
+    """A target rank of ``topology=disaggregated``: the frozen target, feeding the drafter ranks."""
+    import torch
+
+    from harness.train.feature_link import TargetProducer
+
+    trainer = config.trainer
+    device = torch.device(f"cuda:{placement.env.local_rank}" if trainer.device == "cuda" else "cpu")
+    torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // placement.env.world_size))
+    dtype = torch.bfloat16 if trainer.precision == "bf16" else torch.float32
+    return TargetProducer(config, placement, run_dir, build_target(config, dtype, device), device).run()
+
+
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
     config = run_config_from_dict(config_dict)
     env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
     try:
-        summary = Trainer(config, run_dir, env, config_dict=config_dict).train()
+        placement = place(config.topology, env)
+        if placement.role == TARGET:
+            summary = run_target_rank(config, placement, run_dir)
+        else:
+            trainer = Trainer(config, run_dir, placement.trainer_env, config_dict=config_dict, group=placement.group)
+            if placement.disaggregated:
+                trainer.feature_link = DrafterLink(placement, config.topology, trainer, run_dir)
+            summary = trainer.train()
+            if trainer.feature_link is not None:
+                trainer.feature_link.close()
     finally:
         destroy_process_group()
     if summary["status"] == "interrupted" and "TORCHELASTIC_RUN_ID" in os.environ:

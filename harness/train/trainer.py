@@ -66,6 +66,19 @@ def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
     return str(config.target.pretrained)
 
 
+def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget:
+    """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
+    drafter_cfg = config.drafter_config
+    torch.manual_seed(TARGET_INIT_SEED)
+    if config.target.pretrained:
+        return HybridTarget.from_pretrained(
+            pretrained_target_path(config), dtype=dtype, device=device, tap_layer_ids=drafter_cfg.target_layer_ids,
+            num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=config.trainer.target_attention_backend)
+    return HybridTarget(config.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,
+                        num_draft_layers=drafter_cfg.num_hidden_layers, dtype=dtype,
+                        attention_backend=config.trainer.target_attention_backend).to(device)
+
+
 class NonFiniteLoss(RuntimeError):
     """A step's loss or gradient norm is not finite; the last good checkpoint is kept."""
 
@@ -111,12 +124,18 @@ _GATHERED = ("real_tokens", "computed_slots", "samples", "length_sum", "length_s
 
 class Trainer:
     def __init__(self, config: RunConfig, run_dir: str | Path, env: RankEnv,
-                 config_dict: dict[str, Any] | None = None) -> None:
+                 config_dict: dict[str, Any] | None = None, group: Any = None) -> None:
+        """``env``/``group``: this rank among the ranks that train the drafter (a disaggregated run's drafter
+        ranks, see :mod:`harness.train.topology`; None: the whole job)."""
         self.config = config
         self.config_dict = config_dict or {}  # the resolved config as given (W&B config, checkpoints)
         self.run_dir = Path(run_dir)
         self.env = env
-        self.comm = Collectives(env)
+        self.group = group
+        self.comm = Collectives(env, group)
+        # topology=disaggregated: the micro-batches and their features come from the target ranks
+        # (harness.train.feature_link.DrafterLink, attached by run_rank); None: this rank runs the target
+        self.feature_link: Any = None
         trainer = config.trainer
         self.device = torch.device(f"cuda:{env.local_rank}" if trainer.device == "cuda" else "cpu")
         torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // env.world_size))
@@ -199,16 +218,8 @@ class Trainer:
     def _build_models(self) -> None:
         cfg = self.config
         drafter_cfg = cfg.drafter_config
-        torch.manual_seed(TARGET_INIT_SEED)
-        if cfg.target.pretrained:
-            self.target = HybridTarget.from_pretrained(
-                pretrained_target_path(cfg), dtype=self.dtype, device=self.device,
-                tap_layer_ids=drafter_cfg.target_layer_ids,
-                num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=cfg.trainer.target_attention_backend)
-        else:
-            self.target = HybridTarget(cfg.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,
-                                       num_draft_layers=drafter_cfg.num_hidden_layers, dtype=self.dtype,
-                                       attention_backend=cfg.trainer.target_attention_backend).to(self.device)
+        # disaggregated: the drafter ranks keep a local copy of the target for eval only
+        self.target = build_target(cfg, self.dtype, self.device)
         torch.manual_seed(cfg.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(drafter_cfg, self.target.embed_tokens, self.target.lm_head,
@@ -220,7 +231,8 @@ class Trainer:
             buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
                 DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
             self.objective = DistributedDataParallel(
-                self.objective, device_ids=[self.env.local_rank] if self.device.type == "cuda" else None, **buffers)
+                self.objective, device_ids=[self.env.local_rank] if self.device.type == "cuda" else None,
+                process_group=self.group, **buffers)
             self.objective.register_comm_hook(self.bucket_norms, summing_comm_hook)
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         collate = dict(block_size=drafter_cfg.block_size, num_anchors=drafter_cfg.num_anchors,
@@ -274,6 +286,9 @@ class Trainer:
 
     def batch_generator(self, plan: Plan, start_step: int) -> Iterator[tuple[int, list[TrainingBatch], float]]:
         """This rank's ``(step, grad_accum micro-batches, data wait in seconds)`` from ``start_step`` on."""
+        if self.feature_link is not None:
+            yield from self.feature_link.batches(plan, start_step, self.state.global_step)
+            return
         trainer = self.config.trainer
         dataset = RankMicroBatches(plan, self.env.rank, start_step, self.train_rows, self.train_collate)
         workers = trainer.num_workers if trainer.num_workers is not None else (4 if self.device.type == "cuda" else 0)
@@ -300,8 +315,8 @@ class Trainer:
     def forward_backward_step(self, batch: TrainingBatch, global_weight: float, sync: bool) -> tuple[DrafterLoss, float, float]:
         """Target forward, drafter forward + backward of ``Σ(w·CE) / W``; returns the sums and the two stage times."""
         started = time.perf_counter()
-        features = None
-        if not batch.empty:
+        features = batch.features  # received from a target rank (disaggregated), else computed here
+        if features is None and not batch.empty:
             features = self.target(batch.tokens, gdn_backend=self.config.trainer.gdn_backend,
                                    tap_layer_ids=self.drafter.target_layer_ids)
         self._sync()
@@ -585,6 +600,8 @@ class Trainer:
                 measure = (state.global_step + 1) % trainer.grad_stats_every == 0
                 step_started = time.perf_counter()
                 record = self.train_step(batches, data_wait, measure)
+                if self.feature_link is not None:
+                    record.update(self.feature_link.step_metrics(self.comm))
                 state.train_time_s += time.perf_counter() - step_started + data_wait
                 for batch in batches:
                     np.add.at(consumed, batch.sample_indices.numpy(), 1)
@@ -721,6 +738,8 @@ class Trainer:
             "data_fingerprint": self.samples.fingerprint, "plan_fingerprint": self.fingerprint,
         }
         summary.update(state.last_eval)
+        if self.feature_link is not None:
+            summary.update(self.feature_link.summary())
         summary.update(_run_averages(self.run_dir / "metrics.jsonl") if self.env.is_main else {})
         return summary
 

@@ -458,8 +458,16 @@ class TargetProducer:
                       busy_ns=int(self.busy * 1e9), elapsed_ns=int((time.perf_counter() - self.started) * 1e9),
                       in_flight=in_flight, sent=self.sent[drafter])
         header = torch.tensor([values[name] for name in HEADER_FIELDS], dtype=torch.int64, device=self.link_device)
-        dist.send(header, dst=drafter, tag=TAG_HEADER)
+        self._send(header, drafter, TAG_HEADER)
         self.last_sent[drafter] = time.monotonic()
+
+    def _send(self, tensor: torch.Tensor, drafter: int, tag: int) -> None:
+        try:
+            dist.send(tensor, dst=drafter, tag=tag)
+        except Exception as error:  # noqa: BLE001 - named: the peer is what failed
+            where = describe(read_statuses(self.run_dir).get(drafter))
+            raise PeerLost(f"{self.placement.describe(self.rank)} lost {self.placement.describe(drafter)}, last seen "
+                           f"{where}: {type(error).__name__}: {error}. The job stops") from error
 
     def _produce(self, plan: Plan, epoch: int, index: int, step: int, accum: int, drafter: int) -> None:
         started = time.perf_counter()
@@ -482,9 +490,9 @@ class TargetProducer:
         rows, cols = (features.shape if features is not None else (0, 0))
         self._send_header(drafter, KIND_BATCH, epoch, index, meta.numel(), rows, cols,
                           DTYPES.index(features.dtype) if features is not None else 0, self._in_flight(drafter))
-        dist.send(meta, dst=drafter, tag=TAG_META)
+        self._send(meta, drafter, TAG_META)
         if features is not None:
-            dist.send(features, dst=drafter, tag=TAG_FEATURES)
+            self._send(features, drafter, TAG_FEATURES)
         self.last_sent[drafter] = time.monotonic()
 
     def run(self) -> dict[str, Any]:
@@ -499,7 +507,7 @@ class TargetProducer:
                 pass
         topology, targets = self.topology, len(self.placement.target_ranks)
         epoch, produced = self.first_epoch, 0
-        running = bool(self.rows is not None)
+        running = True
         while running:
             record = self._wait_for(_key("epoch", epoch), f"the plan of epoch {epoch}")
             if not record:

@@ -1,0 +1,137 @@
+"""topology=disaggregated on CPU (gloo): target ranks feed a drafter rank over point-to-point.
+
+The same loss sequence as a colocated run, bounded in-flight micro-batches under a slow drafter, and a
+killed target or drafter rank ending the job with its rank named; the 8-GPU experiments compose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from train_support import compose_config, read_jsonl, train_cli
+
+from harness.train.config import run_config_from_dict
+from harness.train.run import run
+from harness.train.status import read_statuses
+
+# small enough for a few seconds of training on 2 cores (most of a run is starting 3 processes)
+SMALL = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.num_workers=0",
+         "trainer.threads_per_rank=1", "trainer.max_tokens=512", "trainer.grad_accum=2", "trainer.stop_tokens=6000",
+         "trainer.eval_every_tokens=3000", "trainer.eval_real_prompts=2", "trainer.eval_real_new_tokens=4",
+         "trainer.checkpoint_every_steps=1000", "trainer.record_consumed=true"]
+DISAGGREGATED = ["topology=disaggregated", "topology.target_ranks=2", "topology.drafter_ranks=1", "trainer.nproc=3"]
+SAME = ("loss", "grad_norm", "tau", "accuracy", "lr", "tokens_seen", "real_tokens", "computed_slots", "eval_loss",
+        "eval_tau", "eval_tau_real")
+REL = 1e-5  # fp32 on CPU; the features travel bit for bit, so the runs agree far closer than this
+
+
+def _close(a, b):
+    return a == b or (a is not None and b is not None and abs(a - b) <= REL * max(abs(a), abs(b)))
+
+
+@pytest.fixture(scope="module")
+def colocated(tmp_path_factory, batchlab_cache):
+    """The same run colocated on 1 rank (the plan a 1-drafter-rank disaggregated run makes)."""
+    run_dir = tmp_path_factory.mktemp("colocated") / "run"
+    run(compose_config([*SMALL, "trainer.nproc=1"]), run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("dispatch", ["dynamic", "round_robin"])
+def test_disaggregated_gives_the_colocated_loss_sequence(dispatch, tmp_path, colocated):
+    run_dir = tmp_path / "run"
+    result = train_cli([*SMALL, *DISAGGREGATED, f"topology.dispatch={dispatch}", "topology.max_in_flight=2",
+                        f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    expected, got = read_jsonl(colocated / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+    assert len(expected) >= 6 and [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got):
+        for key in SAME:
+            assert _close(have.get(key), want.get(key)), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+    assert any("eval_loss" in r for r in got[:-1])  # eval ran mid-run too, on the drafter rank
+    # the drafter rank consumed the same micro-batches in the same order as the colocated rank
+    assert read_jsonl(run_dir / "consumed" / "rank0.jsonl") == read_jsonl(colocated / "consumed" / "rank0.jsonl")
+    # the stage metrics, every step
+    for record in got:
+        assert len(record["topology_target_busy_fraction"]) == 2 and len(record["topology_in_flight"]) == 2
+        assert all(0 <= v <= 2 for v in record["topology_in_flight"])
+        assert 1 <= record["topology_in_flight_max"] <= 2
+        assert record["topology_drafter_idle_s"] >= 0 and record["topology_bytes_per_second"] >= 0
+    assert sum(r["topology_bytes_per_second"] for r in got) > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["samples_seen_once"] is True
+    assert summary["topology"] == "disaggregated" and summary["dispatch"] == dispatch
+    busy = summary["topology_target_busy_fraction"]
+    assert len(busy) == 2 and all(0 < b < 1 for b in busy), busy  # both target ranks produced
+    statuses = read_statuses(run_dir)
+    assert {r: s["role"] for r, s in statuses.items()} == {0: "drafter", 1: "target", 2: "target"}
+    assert all(s["stage"] == "done" for s in statuses.values()), statuses  # every link ended cleanly
+
+
+def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache):
+    run_dir = tmp_path / "run"
+    result = train_cli([*SMALL, *DISAGGREGATED, "topology.max_in_flight=2", "topology.drafter_delay_s=0.4",
+                        "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
+                        "trainer.stop_tokens=4000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(records) >= 4
+    # never more than max_in_flight unacknowledged on a link, and the producers did run ahead up to it
+    assert max(r["topology_in_flight_max"] for r in records) == 2
+    assert all(v <= 2 for r in records for v in r["topology_in_flight"])
+    assert all(r["topology_buffered"] <= 2 * 2 for r in records)  # the reorder buffer: links x bound
+    # the drafter is the bottleneck: it hardly waits for features once the pipeline is full
+    later = records[1:]
+    assert sum(r["topology_drafter_idle_s"] for r in later) < 0.25 * 0.4 * len(later), \
+        [r["topology_drafter_idle_s"] for r in later]
+    busy = json.loads((run_dir / "summary.json").read_text())["topology_target_busy_fraction"]
+    assert all(b < 0.5 for b in busy), busy  # blocked on credits most of the time
+
+
+@pytest.mark.parametrize(("rank", "role", "at"), [(2, "target", 4), (0, "drafter", 3)])
+def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab_cache):
+    """``BATCHLAB_TEST_KILL=RANK:N`` SIGKILLs a target rank at its N-th micro-batch, a drafter rank at step N."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = train_cli([*SMALL, *DISAGGREGATED, "topology.peer_timeout_s=5", "trainer.stop_tokens=60000",
+                        "trainer.eval_every_tokens=100000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
+                       env_extra={"BATCHLAB_TEST_KILL": f"{rank}:{at}"})
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert re.search(rf"rank\s*:\s*{rank}\b", output) and "SIGKILL" in output, output[-3000:]
+    statuses = read_statuses(run_dir)
+    dead = statuses[rank]
+    assert dead["role"] == role and dead["stage"] in ({"send"} if role == "target" else {"drafter_step"}), dead
+    # the job ended soon after the kill, long before the run would have (60000 tokens)
+    assert time.time() - dead["time"] < 30, f"the job took {time.time() - dead['time']:.0f} s to end after the kill"
+    assert len(read_jsonl(run_dir / "metrics.jsonl")) < 10
+    assert elapsed < 110
+
+
+def test_disaggregated_rank_counts_must_match_nproc():
+    config = compose_config(["topology=disaggregated", "topology.target_ranks=3", "topology.drafter_ranks=2",
+                             "trainer.nproc=4"])
+    with pytest.raises(ValueError, match=r"topology.target_ranks \+ topology.drafter_ranks = 3 \+ 2 = 5.*trainer.nproc=5"):
+        run_config_from_dict(config)
+    with pytest.raises(ValueError, match=r"topology.dispatch='fifo' is not one of"):
+        run_config_from_dict(compose_config(["topology=disaggregated", "trainer.nproc=3", "topology.dispatch=fifo"]))
+    with pytest.raises(ValueError, match=r"topology.max_in_flight=0 must be >= 1"):
+        run_config_from_dict(compose_config(["topology=disaggregated", "trainer.nproc=3", "topology.max_in_flight=0"]))
+
+
+def test_the_8gpu_experiments_compose():
+    reference = run_config_from_dict(compose_config(["experiment=reference_8gpu"]))
+    colocated = run_config_from_dict(compose_config(["experiment=colocated_8gpu"]))
+    assert reference.topology.name == "disaggregated" and colocated.topology.name == "colocated"
+    assert (reference.topology.target_ranks, reference.topology.drafter_ranks) == (7, 1)
+    for config in (reference, colocated):
+        assert config.trainer.nproc == 8 and config.trainer.precision == "bf16" and config.trainer.device == "cuda"
+        assert config.trainer.gdn_backend == "fla" and config.drafter.block_size == 16
+        assert config.target_kwargs["hidden_size"] == 5120 and config.target_kwargs["num_hidden_layers"] == 64
+        assert config.target_kwargs["vocab_size"] == 248320
+    assert reference.trainer.max_tokens == colocated.trainer.max_tokens  # the same budget
+    assert colocated.drafter_config.num_hidden_layers == reference.drafter_config.num_hidden_layers

@@ -326,9 +326,13 @@ class DrafterLink:
         top = comm.all_reduce_max(torch.tensor([float(in_flight_max)], dtype=torch.float64))
         now = time.perf_counter()
         window, self._window_time = now - self._window_time, now
+        # every target rank's freshest counters, whichever drafter rank heard from it last
+        counters = comm.all_gather(torch.tensor([[reported[t][0], reported[t][1]] for t in self.targets],
+                                                dtype=torch.int64))  # [drafters, targets, 2]
+        freshest = counters[counters[:, :, 1].argmax(0), torch.arange(len(self.targets))]
         busy = []
-        for t in self.targets:
-            busy_ns, elapsed_ns = reported[t][0], reported[t][1]
+        for i, t in enumerate(self.targets):
+            busy_ns, elapsed_ns = int(freshest[i, 0]), int(freshest[i, 1])
             start_busy, start_elapsed = self._window_start[t]
             busy.append((busy_ns - start_busy) / (elapsed_ns - start_elapsed) if elapsed_ns > start_elapsed
                         else math.nan)

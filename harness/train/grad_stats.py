@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ class BucketNorms:
     active: bool = False
     local_sq: list[torch.Tensor] = field(default_factory=list)
     global_sq: list[torch.Tensor] = field(default_factory=list)
+    group: Any = None  # the process group DDP reduces over (None: the whole job)
 
     def start(self) -> None:
         self.active = True
@@ -57,7 +59,7 @@ def summing_comm_hook(state, bucket):  # no annotations: DDP checks them, and th
     buffer = bucket.buffer()
     if state.active:
         state.local_sq.append(buffer.detach().double().square().sum())
-    future = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True).get_future()
+    future = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.group, async_op=True).get_future()
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]

@@ -225,7 +225,7 @@ class Trainer:
         self.drafter = DFlashDrafter(drafter_cfg, self.target.embed_tokens, self.target.lm_head,
                                      self.target.num_layers).to(device=self.device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
-        self.bucket_norms = BucketNorms()
+        self.bucket_norms = BucketNorms(group=self.group)
         if self.env.distributed:
             # the drafter's only buffers are its fixed rotary frequencies: nothing to sync per forward
             buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(

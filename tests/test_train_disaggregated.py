@@ -71,11 +71,34 @@ def test_disaggregated_gives_the_colocated_loss_sequence(dispatch, tmp_path, col
     assert all(s["stage"] == "done" for s in statuses.values()), statuses  # every link ended cleanly
 
 
+def test_two_drafter_ranks_train_as_two_colocated_ranks(tmp_path, batchlab_cache):
+    """2 target + 2 drafter ranks (DDP over the drafter group) against colocated on 2 ranks."""
+    colocated = tmp_path / "colocated"
+    result = train_cli([*SMALL, "trainer.nproc=2", f"hydra.run.dir={colocated}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+    result = train_cli([*SMALL, "topology=disaggregated", "topology.target_ranks=2", "topology.drafter_ranks=2",
+                        "trainer.nproc=4", "trainer.grad_stats_every=1", f"hydra.run.dir={run_dir}"],
+                       cwd=tmp_path, timeout=150)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    expected, got = read_jsonl(colocated / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+    assert len(expected) >= 4 and [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got):
+        for key in SAME:
+            assert _close(have.get(key), want.get(key)), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+        assert len(have["rank_tokens_per_second"]) == 2  # the drafter ranks' own gathers, not the job's
+    for rank in (0, 1):
+        assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
+            colocated / "consumed" / f"rank{rank}.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["drafter_ranks"] == 2 and summary["samples_seen_once"] is True
+
+
 def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache):
     run_dir = tmp_path / "run"
     result = train_cli([*SMALL, *DISAGGREGATED, "topology.max_in_flight=2", "topology.drafter_delay_s=0.4",
                         "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
-                        "trainer.stop_tokens=4000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+                        "trainer.stop_tokens=3000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert len(records) >= 4

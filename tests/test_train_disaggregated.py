@@ -10,6 +10,7 @@ import json
 import re
 import time
 
+import numpy as np
 import pytest
 from train_support import compose_config, read_jsonl, train_cli
 
@@ -158,3 +159,23 @@ def test_the_8gpu_experiments_compose():
         assert config.target_kwargs["vocab_size"] == 248320
     assert reference.trainer.max_tokens == colocated.trainer.max_tokens  # the same budget
     assert colocated.drafter_config.num_hidden_layers == reference.drafter_config.num_hidden_layers
+
+
+def test_empty_micro_batches_cross_the_link(tmp_path, batchlab_cache):
+    """10 samples of 8 tokens at budget 8, accumulation 4: steps of 4, 4 and 2 samples, so the last step has two
+    empty micro-batches, sent as a header and a batch without features."""
+    rng = np.random.default_rng(3)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": rng.integers(2, 300, size=8).tolist(), "loss_mask": [1] * 8})
+                            + "\n" for _ in range(10)))
+    overrides = [f"data.source={data}", "data.max_documents=null", "data.vocab_size=300", "data.heldout_fraction=0.0",
+                 "logger=none", "trainer.progress=false", "trainer.num_workers=0", "trainer.threads_per_rank=1",
+                 "strategy=sorted", "trainer.max_tokens=8", "trainer.grad_accum=4", "trainer.stop_epochs=1",
+                 "trainer.stop_tokens=null"]
+    run(compose_config([*overrides, "trainer.nproc=1"]), tmp_path / "colocated")
+    result = train_cli([*overrides, *DISAGGREGATED, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    expected, got = read_jsonl(tmp_path / "colocated" / "metrics.jsonl"), read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["samples_per_step"] for r in got] == [4, 4, 2]
+    for want, have in zip(expected, got, strict=True):
+        assert _close(have["loss"], want["loss"]) and _close(have["grad_norm"], want["grad_norm"]), (want, have)

@@ -7,7 +7,11 @@ killed target or drafter rank ending the job with its rank named; the 8-GPU expe
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -179,3 +183,45 @@ def test_empty_micro_batches_cross_the_link(tmp_path, batchlab_cache):
     assert [r["samples_per_step"] for r in got] == [4, 4, 2]
     for want, have in zip(expected, got, strict=True):
         assert _close(have["loss"], want["loss"]) and _close(have["grad_norm"], want["grad_norm"]), (want, have)
+
+
+RESUME = [*SMALL, *DISAGGREGATED, "trainer.stop_tokens=20000", "trainer.eval_every_tokens=8000",
+          "trainer.eval_real_prompts=0", "trainer.checkpoint_every_steps=3"]  # 1.2 epochs
+
+
+def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp_path, batchlab_cache):
+    """SIGTERM to the whole job: the drafter rank finishes its step and checkpoints, the target ranks end their
+    links; the rerun's target ranks start where the checkpoint is, across the epoch boundary."""
+    reference = tmp_path / "reference"
+    result = train_cli([*RESUME, f"hydra.run.dir={reference}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    stopped = tmp_path / "stopped"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, f"hydra.run.dir={stopped}"],
+                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and process.poll() is None:
+            metrics = stopped / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 8:
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, "the run ended before it could be stopped"
+        os.killpg(process.pid, signal.SIGTERM)
+    finally:
+        process.wait(timeout=60)
+    summary = json.loads((stopped / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    steps_before = len(read_jsonl(stopped / "metrics.jsonl"))
+    assert 8 <= steps_before < len(read_jsonl(reference / "metrics.jsonl"))
+    result = train_cli([*RESUME, f"hydra.run.dir={stopped}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(stopped / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected] and max(r["epoch"] for r in got) == 1
+    for want, have in zip(expected, got):
+        for key in ("loss", "grad_norm", "tokens_seen", "eval_loss"):
+            assert have.get(key) == want.get(key), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+    assert read_jsonl(stopped / "consumed" / "rank0.jsonl") == read_jsonl(reference / "consumed" / "rank0.jsonl")
+    summary = json.loads((stopped / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["samples_seen_once"] is True

@@ -11,8 +11,11 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
   process is already one rank; read the environment and join.
 
 Collectives are no-ops on one rank, so the trainer has no ``if world_size > 1`` of its own. A rank
-that dies ends the job: elastic's agent stops the others and raises ``ChildFailedError`` naming it;
-collectives carry a timeout (``trainer.collective_timeout_s``) so that a lost peer never hangs.
+that dies ends the job: elastic's agent (polling every 0.5 s) stops the others (SIGTERM, SIGKILL 30 s
+later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.run.run` turns into
+``RankFailed`` with the stage and step from the rank's status file; collectives carry a timeout
+(``trainer.collective_timeout_s``, gloo's and NCCL's, with NCCL's async error handling on) so that a
+rank that hangs alive never hangs the others.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(env.local_rank)
+        # NCCL's watchdog aborts a collective that outlives the timeout and ends this process (torch elastic's
+        # agent sets the same; a plain srun launch does not): a lost peer never leaves a rank spinning on the GPU
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -81,7 +87,12 @@ def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> 
     ``nproc`` local processes are started with torch elastic; ``worker`` must be a module-level function
     and ``args`` picklable (the spawned ranks import it afresh).
     """
-    if external_launch_env() is not None or nproc == 1:
+    if external_launch_env() is not None:
+        # torchrun's agent reads a failed rank's exception (traceback and notes) from its error file
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(worker)(*args)
+    if nproc == 1:
         return worker(*args)
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -127,18 +127,25 @@ def _rank_failed(error: BaseException, env: RankEnv, run_dir: str, started: floa
     so the launcher has seen another rank fail first."""
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         return
-    status = read_statuses(run_dir, since=started).get(env.rank)
+    failed_at = time.time()
+    statuses = read_statuses(run_dir, since=started)
+    status = statuses.get(env.rank)
     error.add_note(f"batchlab: rank {env.rank} failed {describe(status)}")
     path = Path(run_dir) / STATUS_DIR / f"rank{env.rank}.traceback"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(traceback.format_exception(error)))
+    headline = _headline(f"{type(error).__name__}: {error}")
+    write_json_atomic(path.with_suffix(".error.json"), {"error": headline, "time": failed_at, "status": status})
     if not env.distributed:
         return  # one process: Python's own error path (the caller re-raises)
     if "TORCHELASTIC_ERROR_FILE" in os.environ:  # what torch elastic's agent reports as this rank's failure
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(error)
-    print(f"[rank {env.rank}] {type(error).__name__}: {error} ({describe(status)}; traceback in {path})",
+    # without an agent (srun, submitit) each rank's own output is the report: name a peer that failed first
+    earlier = [] if "TORCHELASTIC_RUN_ID" in os.environ else _earlier_failures(run_dir, env.rank, started, failed_at)
+    print(f"[rank {env.rank}] {headline} ({describe(status)}; traceback in {path})"
+          + "".join(f"; before it, rank {r} failed {describe(e['status'])}: {e['error']}" for r, e in earlier),
           file=sys.stderr, flush=True)
     if "TORCHELASTIC_RUN_ID" in os.environ and not stopping:
         # The peers are blocked in a collective with this rank and fail once it exits. Wait first (a SIGTERM
@@ -151,6 +158,26 @@ def _rank_failed(error: BaseException, env: RankEnv, run_dir: str, started: floa
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def _headline(message: str) -> str:
+    """The first line of an error message (gloo's carry the C++ frames after it)."""
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _earlier_failures(run_dir: str | Path, rank: int, started: float, before: float) -> list[tuple[int, dict]]:
+    """(rank, error record) of the other ranks of this run that failed before ``before``, first first."""
+    found = []
+    for path in (Path(run_dir) / STATUS_DIR).glob("rank*.error.json"):
+        try:
+            record = json.loads(path.read_text())
+            other = int(path.name[len("rank"):-len(".error.json")])
+        except (OSError, ValueError):
+            continue
+        if other != rank and started <= record["time"] <= before:
+            found.append((other, record))
+    return sorted(found, key=lambda item: item[1]["time"])
 
 
 def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = None,
@@ -170,6 +197,7 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
         message = failure.message
         if isinstance(message, dict):
             message = message.get("message", "")
+        message = _headline(message)
         how = f"exited with code {failure.exitcode}"
         if message and not str(message).startswith("To enable traceback"):
             how += f": {message}"

@@ -100,3 +100,48 @@ def test_submitit_local_failure_names_the_rank_that_failed_first(tmp_path, batch
     assert ("before it, rank 1 failed in stage 'target_forward' of step 3: RuntimeError: "
             f"{TEST_FAIL_ENV}: simulated failure") in report, report
     assert "[rank 0]" in result.stderr  # what the launcher shows: task 0's error stream
+
+
+def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path, batchlab_cache):
+    """SLURM warns a submitit job with SIGUSR2 before its time limit: the ranks finish the step and checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from harness.train.checkpoint import latest_checkpoint
+    from harness.train.status import read_statuses
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=10",
+            "experiment=smoke", "trainer.nproc=1", "trainer.stop_tokens=30000", "trainer.checkpoint_every_steps=100",
+            "trainer.eval_real_prompts=0", "logger=none", "trainer.progress=false", f"hydra.sweep.dir={sweep}"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true")
+    process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *args], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            metrics = list(sweep.glob("*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= 3:
+                break
+            assert process.poll() is None, "the job ended before the signal"
+            time.sleep(0.1)
+        run_dir = metrics[0].parent
+        statuses = read_statuses(run_dir)
+        assert sorted(statuses) == [0, 1]
+        for status in statuses.values():  # as SLURM does: every task of the job
+            os.kill(status["pid"], signal.SIGUSR2)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and 3 <= summary["steps"]
+    assert latest_checkpoint(run_dir).name == f"step-{summary['steps']:08d}.pt"
+
+    rerun = train_cli(args, cwd=tmp_path, timeout=400)  # the same command resumes the job to its end
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["samples_seen_once"] is True and summary["world_size"] == 2

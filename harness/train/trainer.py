@@ -576,7 +576,9 @@ class Trainer:
         def request_stop(signum: int, frame: Any) -> None:  # noqa: ARG001
             self.stop_requested = True
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # a submitit job (hydra/launcher=slurm) is warned by SIGUSR2 before its time limit (signal_delay_s)
+        submitit = (signal.SIGUSR2,) if os.environ.get("SUBMITIT_EXECUTOR") else ()
+        for sig in (signal.SIGTERM, signal.SIGINT, *submitit):
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(sig, request_stop)
 

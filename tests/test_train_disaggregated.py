@@ -130,10 +130,14 @@ def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
-    assert re.search(rf"rank\s*:\s*{rank}\b", output) and "SIGKILL" in output, output[-3000:]
+    # the job's message names the rank, its role, stage and step, and how it died
+    assert re.search(rf"rank {rank} failed in stage '\w+' of step \d+ \(role {role}\): it was killed by signal 9 "
+                     r"\(SIGKILL\)", output), output[-3000:]
     statuses = read_statuses(run_dir)
     dead = statuses[rank]
-    assert dead["role"] == role and dead["stage"] in ({"send"} if role == "target" else {"drafter_step"}), dead
+    # a target rank dies as it sends its micro-batch; a drafter rank between step at-1 and step at
+    assert dead["role"] == role, dead
+    assert dead["stage"] == "send" if role == "target" else dead["step"] == at - 1, dead
     # the job ended soon after the kill, long before the run would have (60000 tokens)
     assert time.time() - dead["time"] < 30, f"the job took {time.time() - dead['time']:.0f} s to end after the kill"
     assert len(read_jsonl(run_dir / "metrics.jsonl")) < 10

@@ -180,7 +180,7 @@ class DrafterLink:
         self.layer_ids = list(trainer.drafter.target_layer_ids)
         self.hidden_size = trainer.drafter.hidden_size
         self.plan_epoch: Callable[[int], Plan] = trainer.plan_epoch
-        self.status = RankStatus(run_dir, self.rank, role="drafter")
+        self._stage = trainer._stage  # the trainer's status file (and its test failure hook)
         self._cond = threading.Condition()
         self._buffer: dict[tuple[int, int], tuple[TrainingBatch, torch.Tensor | None, int]] = {}
         self._error: tuple[int, BaseException] | None = None
@@ -303,13 +303,12 @@ class DrafterLink:
             current = global_step + 1 + step - start_step
             self._steps_taken += 1
             _maybe_die(self.rank, self._steps_taken)
-            self.status.stage("wait_features", current)
+            self._stage("wait_features", current)
             started = time.perf_counter()
             batches = [self._take(plan.epoch, order.index(step, accum, self.index), step)
                        for accum in range(plan.grad_accum)]
             wait = time.perf_counter() - started
             self._idle += wait
-            self.status.stage("drafter_step", current)
             yield step, batches, wait
             if self.topology.drafter_delay_s:
                 time.sleep(self.topology.drafter_delay_s)
@@ -371,7 +370,6 @@ class DrafterLink:
             error = self._error
             alive = [t for t, thread in zip(self.targets, self._threads) if thread.is_alive()]
         self._heartbeat.stop()
-        self.status.stage("done", 0)
         if error is not None:
             raise self._lost(error[0], f"{type(error[1]).__name__}: {error[1]}") from error[1]
         if alive:

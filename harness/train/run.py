@@ -4,14 +4,21 @@
 function every rank executes (the job itself on one rank, or each process torch elastic starts).
 A run directory belongs to one run: rerunning a complete run there is a no-op (so a rerun sweep
 resumes where it stopped), and a directory that holds a run with other settings is refused.
+
+A rank that fails (an exception, a signal, out of memory) ends the job: torch elastic's agent stops the
+other ranks and raises ``ChildFailedError``; :func:`run` turns it into :class:`RankFailed`, which names the
+first failed rank, how it failed, and the stage and step its status file (:mod:`harness.train.status`)
+last recorded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +34,26 @@ from harness.train.distributed import (
 )
 from harness.train.feature_link import DrafterLink
 from harness.train.metrics import write_json_atomic
+from harness.train.status import STATUS_DIR, describe, read_statuses
 from harness.train.topology import TARGET, place
 from harness.train.trainer import EMBEDDED_TARGET, Trainer, build_target, pretrained_target_path
 
 
 class RunDirectoryInUse(ValueError):
     """The run directory holds a run with other settings."""
+
+
+class RankFailed(RuntimeError):
+    """A rank of the job failed (an exception, a signal, out of memory) and the job was stopped."""
+
+    def __init__(self, message: str, rank: int, exitcode: int, stage: str | None, step: int | None) -> None:
+        super().__init__(message)
+        self.rank, self.exitcode, self.stage, self.step = rank, exitcode, stage, step
+
+
+#: a failing rank waits this long before it closes its process group and exits, so that torch elastic's
+#: agent (polling every 0.5 s) sees it fail first, not a peer whose collective failed because of it
+FAILURE_GRACE_S = 2.0
 
 
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
@@ -78,7 +99,7 @@ def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> d
     return {**config_dict, "data": data}
 
 
-def run_target_rank(config: Any, placement: Any, run_dir: str) -> dict[str, Any]:
+def target_producer(config: Any, placement: Any, run_dir: str) -> Any:
     """A target rank of ``topology=disaggregated``: the frozen target, feeding the drafter ranks."""
     import torch
 
@@ -88,25 +109,33 @@ def run_target_rank(config: Any, placement: Any, run_dir: str) -> dict[str, Any]
     device = torch.device(f"cuda:{placement.env.local_rank}" if trainer.device == "cuda" else "cpu")
     torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // placement.env.world_size))
     dtype = torch.bfloat16 if trainer.precision == "bf16" else torch.float32
-    return TargetProducer(config, placement, run_dir, build_target(config, dtype, device), device).run()
+    return TargetProducer(config, placement, run_dir, build_target(config, dtype, device), device)
 
 
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
+    started = time.time()
     config = run_config_from_dict(config_dict)
     env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
+    trainer = producer = None
     try:
         placement = place(config.topology, env)
         if placement.role == TARGET:
-            summary = run_target_rank(config, placement, run_dir)
+            producer = target_producer(config, placement, run_dir)
+            summary = producer.run()
         else:
-            trainer = Trainer(config, run_dir, placement.trainer_env, config_dict=config_dict, group=placement.group)
+            trainer = Trainer(config, run_dir, placement.trainer_env, config_dict=config_dict, group=placement.group,
+                              role=placement.role)
             if placement.disaggregated:
                 trainer.feature_link = DrafterLink(placement, config.topology, trainer, run_dir)
             summary = trainer.train()
             if trainer.feature_link is not None:
                 trainer.feature_link.close()
+    except BaseException as error:
+        stopping = (trainer is not None and trainer.stop_requested) or (producer is not None and producer.signalled)
+        _rank_failed(error, env, run_dir, started, stopping=stopping)
+        raise
     finally:
         destroy_process_group()
     if summary["status"] == "interrupted" and "TORCHELASTIC_RUN_ID" in os.environ:
@@ -116,6 +145,106 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         sys.stderr.flush()
         os._exit(130)
     return summary
+
+
+def _rank_failed(error: BaseException, env: RankEnv, run_dir: str, started: float, stopping: bool) -> None:
+    """A rank's exception: note its stage and step on it and keep its traceback; on one of several ranks,
+    report it to the launcher and leave (never returns). ``stopping``: the rank was already told to stop,
+    so the launcher has seen another rank fail first."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return
+    failed_at = time.time()
+    statuses = read_statuses(run_dir, since=started)
+    status = statuses.get(env.rank)
+    error.add_note(f"batchlab: rank {env.rank} failed {describe(status)}")
+    path = Path(run_dir) / STATUS_DIR / f"rank{env.rank}.traceback"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(traceback.format_exception(error)))
+    headline = _headline(f"{type(error).__name__}: {error}")
+    write_json_atomic(path.with_suffix(".error.json"), {"error": headline, "time": failed_at, "status": status})
+    if not env.distributed:
+        return  # one process: Python's own error path (the caller re-raises)
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:  # what torch elastic's agent reports as this rank's failure
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(error)
+    # without an agent (srun, submitit) each rank's own output is the report: name a peer that failed first
+    earlier = [] if "TORCHELASTIC_RUN_ID" in os.environ else _earlier_failures(run_dir, env.rank, started, failed_at)
+    print(f"[rank {env.rank}] {headline} ({describe(status)}; traceback in {path})"
+          + "".join(f"; before it, rank {r} failed {describe(e['status'])}: {e['error']}" for r, e in earlier),
+          file=sys.stderr, flush=True)
+    if "TORCHELASTIC_RUN_ID" in os.environ and not stopping:
+        # The peers are blocked in a collective with this rank and fail once it exits. Wait first (a SIGTERM
+        # from the agent stopping this rank ends the wait), so that the agent sees this rank, the cause, fail
+        # first, not a peer that lost it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(FAILURE_GRACE_S)
+    # Leave now: an orderly shutdown with a lost peer can block for good (destroying an NCCL communicator,
+    # joining DataLoader workers that ignore SIGTERM while the traceback keeps their loader alive).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _headline(message: str) -> str:
+    """The first line of an error message (gloo's carry the C++ frames after it)."""
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _earlier_failures(run_dir: str | Path, rank: int, started: float, before: float) -> list[tuple[int, dict]]:
+    """(rank, error record) of the other ranks of this run that failed before ``before``, first first."""
+    found = []
+    for path in (Path(run_dir) / STATUS_DIR).glob("rank*.error.json"):
+        try:
+            record = json.loads(path.read_text())
+            other = int(path.name[len("rank"):-len(".error.json")])
+        except (OSError, ValueError):
+            continue
+        if other != rank and started <= record["time"] <= before:
+            found.append((other, record))
+    return sorted(found, key=lambda item: item[1]["time"])
+
+
+def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = None,
+                      collective_timeout_s: int | None = None) -> RankFailed:
+    """:class:`RankFailed` from torch elastic's ``ChildFailedError``: the first failed rank, how it failed
+    (signal, exit code, exception), the stage and step of its status file, where the other ranks were."""
+    rank, failure = failed.get_first_failure()
+    statuses = read_statuses(run_dir, since=since)
+    status = statuses.get(rank)
+    if failure.exitcode < 0:
+        name = failure.signal_name()
+        how = f"was killed by signal {-failure.exitcode} ({name})"
+        if name == "SIGKILL":
+            how += (" (sent from outside the job, often by the kernel's out-of-memory killer: check `dmesg` or the "
+                    "job's memory limit; lower trainer.max_tokens or trainer.num_workers)")
+    else:
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        message = _headline(message)
+        how = f"exited with code {failure.exitcode}"
+        if message and not str(message).startswith("To enable traceback"):
+            how += f": {message}"
+        if "OutOfMemoryError" in str(message):
+            how += (" (out of memory: lower trainer.max_tokens, the micro-batch budget, and raise trainer.grad_accum "
+                    "to keep the global batch)")
+        elif collective_timeout_s is not None and "timed out" in str(message).lower():
+            how += (f" (a collective waited trainer.collective_timeout_s={collective_timeout_s} s for a rank that "
+                    "stopped answering: see where the other ranks were)")
+        traceback_file = Path(run_dir) / STATUS_DIR / f"rank{rank}.traceback"
+        if traceback_file.exists():
+            how += f" (traceback: {traceback_file})"
+    others = "; ".join(f"rank {r} {describe(s)}" for r, s in sorted(statuses.items()) if r != rank)
+    from harness.train.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(Path(run_dir))
+    resume = (f"the last checkpoint is {checkpoint}; run the same command with hydra.run.dir={run_dir} to resume "
+              "from it" if checkpoint is not None else "no checkpoint had been written yet")
+    message = (f"rank {rank} failed {describe(status)}: it {how}. The other ranks were stopped"
+               f"{f' ({others})' if others else ''}; {resume}")
+    return RankFailed(message, rank, failure.exitcode, status and status["stage"], status and status["step"])
 
 
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
@@ -141,9 +270,15 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
     if config.target.pretrained == EMBEDDED_TARGET:
         pretrained_target_path(config, progress=config.trainer.progress)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    started = time.time()
     try:
         return launch(run_rank, (config_dict, str(run_dir)), config.trainer.nproc,
                       run_id=f"batchlab-{os.getpid()}-{time.time_ns()}")
+    except ChildFailedError as failed:
+        raise rank_failed_error(failed, run_dir, since=started,
+                                collective_timeout_s=config.trainer.collective_timeout_s) from None
     except Interrupted:
         summary_path = run_dir / "summary.json"
         if summary_path.exists():

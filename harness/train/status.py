@@ -92,21 +92,42 @@ def _read_one(path: Path) -> dict | None:
     return None
 
 
-def read_statuses(run_dir: Path | str) -> dict[int, dict]:
-    """rank → ``{role, stage, step, time, pid}`` for every rank that has written a status under ``run_dir``."""
+def read_statuses(run_dir: Path | str, since: float | None = None) -> dict[int, dict]:
+    """rank → ``{role, stage, step, time, pid}`` for every rank that has written a status under ``run_dir``
+    (only those written at or after ``since``, a ``time.time()``, when given: not an earlier run's)."""
     directory = Path(run_dir) / STATUS_DIR
     statuses: dict[int, dict] = {}
     if not directory.is_dir():
         return statuses
     for path in sorted(directory.glob("rank*.status")):
         record = _read_one(path)
-        if record is not None:
+        if record is not None and (since is None or record["time"] >= since):
             statuses[record.pop("rank")] = record
     return statuses
 
 
 def describe(status: dict | None) -> str:
-    """``in stage 'drafter_backward' of step 3 (role train)``: where a rank was, for error messages."""
+    """``in stage 'drafter_backward' of step 3`` (and the role unless ``train``): where a rank was, for messages."""
     if status is None:
-        return "before writing its status (it failed while starting)"
-    return f"in stage {status['stage']!r} of step {status['step']} (role {status['role']})"
+        return "while starting (before its trainer recorded a stage)"
+    role = f" (role {status['role']})" if status["role"] != "train" else ""
+    return f"in stage {status['stage']!r} of step {status['step']}{role}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m harness.train.status RUN_DIR``: where every rank of a run is (or was when it stopped)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.train.status", description=main.__doc__)
+    parser.add_argument("run_dir")
+    args = parser.parse_args(argv)
+    statuses = read_statuses(args.run_dir)
+    if not statuses:
+        raise SystemExit(f"no rank status under {Path(args.run_dir) / STATUS_DIR}")
+    now = time.time()
+    for rank, status in sorted(statuses.items()):
+        print(f"rank {rank} (pid {status['pid']}) {describe(status)}, {now - status['time']:.1f} s ago")
+
+
+if __name__ == "__main__":
+    main()

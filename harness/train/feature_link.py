@@ -137,7 +137,10 @@ class _Heartbeat:
 
 
 class _Silence:
-    """When a peer's heartbeat counter last changed (local monotonic clock: no cross-host clocks)."""
+    """When a peer's heartbeat counter last changed (local monotonic clock: no cross-host clocks).
+
+    A peer that has not started its heartbeat yet is not silent: a drafter rank's Trainer may take minutes
+    to build (data, target copy, checkpoint); torch elastic's agent covers a rank that dies meanwhile."""
 
     def __init__(self, store: Any, ranks: tuple[int, ...]) -> None:
         self.store = store
@@ -147,7 +150,7 @@ class _Silence:
         value, since = self.seen[rank]
         now = time.monotonic()
         current = int(self.store.add(_key("alive", rank), 0))
-        if current != value:
+        if current != value or current == 0:  # 0: not started yet (still building its Trainer): not silent
             self.seen[rank] = (current, now)
             return 0.0
         return now - since
@@ -187,7 +190,6 @@ class DrafterLink:
         self._ended: set[int] = set()
         self._last_message = {t: time.monotonic() for t in self.targets}
         self._published: set[int] = set()
-        self._order: WorkOrder | None = None
         # stage metrics: bytes received, the senders' counters from their latest header
         self._bytes = 0
         self._reported = {t: (0, 0, 0, 0) for t in self.targets}  # busy_ns, elapsed_ns, in_flight, sent
@@ -456,9 +458,10 @@ class TargetProducer:
     # ---------------------------------------------------------------- sending
     def _send_header(self, drafter: int, kind: int, epoch: int = -1, index: int = -1, meta_bytes: int = 0,
                      rows: int = 0, cols: int = 0, dtype: int = 0, in_flight: int = 0) -> None:
-        values = dict(kind=kind, epoch=epoch, index=index, meta_bytes=meta_bytes, rows=rows, cols=cols, dtype=dtype,
-                      busy_ns=int(self.busy * 1e9), elapsed_ns=int((time.perf_counter() - self.started) * 1e9),
-                      in_flight=in_flight, sent=self.sent[drafter])
+        values = {"kind": kind, "epoch": epoch, "index": index, "meta_bytes": meta_bytes, "rows": rows, "cols": cols,
+                  "dtype": dtype, "busy_ns": int(self.busy * 1e9),
+                  "elapsed_ns": int((time.perf_counter() - self.started) * 1e9), "in_flight": in_flight,
+                  "sent": self.sent[drafter]}
         header = torch.tensor([values[name] for name in HEADER_FIELDS], dtype=torch.int64, device=self.link_device)
         self._send(header, drafter, TAG_HEADER)
         self.last_sent[drafter] = time.monotonic()
@@ -466,7 +469,7 @@ class TargetProducer:
     def _send(self, tensor: torch.Tensor, drafter: int, tag: int) -> None:
         try:
             dist.send(tensor, dst=drafter, tag=tag)
-        except Exception as error:  # noqa: BLE001 - named: the peer is what failed
+        except Exception as error:  # named: the peer is what failed
             where = describe(read_statuses(self.run_dir).get(drafter))
             raise PeerLost(f"{self.placement.describe(self.rank)} lost {self.placement.describe(drafter)}, last seen "
                            f"{where}: {type(error).__name__}: {error}. The job stops") from error
@@ -499,7 +502,7 @@ class TargetProducer:
 
     def run(self) -> dict[str, Any]:
         """Produce until the drafter ranks set the stop key; then end every link and return this rank's summary."""
-        def note_signal(signum: int, frame: Any) -> None:  # noqa: ARG001
+        def note_signal(signum: int, frame: Any) -> None:
             self.signalled = True  # the drafter ranks finish their step and stop the link
 
         for sig in (signal.SIGTERM, signal.SIGINT):

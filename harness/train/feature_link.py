@@ -188,7 +188,9 @@ class DrafterLink:
         self._buffer: dict[tuple[int, int], tuple[TrainingBatch, torch.Tensor | None, int]] = {}
         self._error: tuple[int, BaseException] | None = None
         self._ended: set[int] = set()
-        self._last_message = {t: time.monotonic() for t in self.targets}
+        # when each target rank was last heard from; None before its first message (it may still be building
+        # its target: then the receive's own timeout, trainer.collective_timeout_s, bounds the wait)
+        self._last_message: dict[int, float | None] = {t: None for t in self.targets}
         self._published: set[int] = set()
         # stage metrics: bytes received, the senders' counters from their latest header
         self._bytes = 0
@@ -265,8 +267,9 @@ class DrafterLink:
                     target, error = self._error
                     raise self._lost(target, f"{type(error).__name__}: {error}") from error
                 now = time.monotonic()
-                silent = max(self.targets, key=lambda t: now - self._last_message[t])
-                if now - self._last_message[silent] > self.topology.peer_timeout_s:
+                heard = [t for t in self.targets if self._last_message[t] is not None]
+                silent = max(heard, key=lambda t: now - self._last_message[t], default=None)
+                if silent is not None and now - self._last_message[silent] > self.topology.peer_timeout_s:
                     raise self._lost(silent, f"nothing received from it for more than topology.peer_timeout_s="
                                              f"{self.topology.peer_timeout_s} s while waiting for micro-batch "
                                              f"{index} of epoch {epoch} (step {step})")

@@ -92,6 +92,8 @@ def test_two_drafter_ranks_train_as_two_colocated_ranks(tmp_path, batchlab_cache
         for key in SAME:
             assert _close(have.get(key), want.get(key)), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
         assert len(have["rank_tokens_per_second"]) == 2  # the drafter ranks' own gathers, not the job's
+        assert len(have["topology_in_flight"]) == 4 and all(0 <= v <= 2 for v in have["topology_in_flight"])
+        assert len(have["topology_target_busy_fraction"]) == 2
     for rank in (0, 1):
         assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
             colocated / "consumed" / f"rank{rank}.jsonl")

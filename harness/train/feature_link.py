@@ -344,7 +344,9 @@ class DrafterLink:
         drafters = comm.env.world_size
         return {
             "topology_target_busy_fraction": busy,
-            "topology_in_flight": [reported[t][2] for t in self.targets],  # this rank's links, latest header
+            # every link's latest in-flight count, drafter-major: [(d0, t0), (d0, t1), ..., (d1, t0), ...]
+            "topology_in_flight": comm.all_gather(torch.tensor([reported[t][2] for t in self.targets],
+                                                               dtype=torch.int64)).reshape(-1).tolist(),
             "topology_in_flight_max": int(top[0]),  # the most unacknowledged on any link so far
             "topology_buffered": buffered,
             "topology_drafter_idle_s": float(reduced[1]) / drafters,

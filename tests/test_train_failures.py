@@ -118,6 +118,19 @@ def test_hung_rank_ends_the_job_at_the_collective_timeout(tmp_path, batchlab_cac
     assert f"rank 1 in stage 'data_wait' of step {FAIL_STEP}" in message  # the one that stopped answering
 
 
+def test_exception_on_one_rank_with_dataloader_workers_exits(tmp_path, batchlab_cache):
+    """One process: Python's own error, then exit; its DataLoader worker (which ignores SIGTERM) must not
+    keep it waiting at interpreter exit."""
+    run_dir = tmp_path / "run"
+    result = train_cli([*ARGS, "trainer.nproc=1", "trainer.num_workers=1", "trainer.stop_tokens=6000",
+                        f"hydra.run.dir={run_dir}"], cwd=tmp_path, env_extra={TEST_FAIL_ENV: "0:3:drafter_forward:raise"},
+                       timeout=120)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert f"RuntimeError: {TEST_FAIL_ENV}: simulated failure of rank 0" in result.stderr
+    assert "batchlab: rank 0 failed in stage 'drafter_forward' of step 3" in result.stderr  # the note on the error
+    assert (run_dir / "status" / "rank0.traceback").exists()
+
+
 # ---------------------------------------------------------------- the status files themselves
 def test_status_records_the_last_stage_of_each_rank(tmp_path):
     first, second = RankStatus(tmp_path, 0), RankStatus(tmp_path, 3, role="target")

@@ -108,6 +108,8 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         trainer = Trainer(config, run_dir, env, config_dict=config_dict)
         summary = trainer.train()
     except BaseException as error:
+        if trainer is not None:
+            trainer.abort()
         _rank_failed(error, env, run_dir, started, stopping=trainer is not None and trainer.stop_requested)
         raise
     finally:

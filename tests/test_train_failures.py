@@ -191,3 +191,19 @@ def test_malformed_test_failure_spec_is_refused(monkeypatch):
         _test_failure(1)
     monkeypatch.setenv(TEST_FAIL_ENV, "1:5:target_forward:kill")
     assert _test_failure(0) is None and _test_failure(1) == (5, "target_forward", "kill")
+
+
+def test_under_an_external_torchrun_the_root_cause_carries_stage_and_step(tmp_path, batchlab_cache):
+    run_dir = tmp_path / "run"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{TEST_FAIL_ENV: "1:3:target_forward:raise"})
+    result = subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m",
+         "harness.cli.train", *ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 1, result.stderr[-4000:]
+    root_cause = result.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root_cause), root_cause
+    assert "batchlab: rank 1 failed in stage 'target_forward' of step 3" in root_cause
+    statuses = read_statuses(run_dir)  # the same status files as under batchlab's own launch
+    assert sorted(statuses) == [0, 1] and statuses[1]["stage"] == "target_forward" and statuses[1]["step"] == 3

@@ -15,7 +15,7 @@ import pytest
 from train_support import train_cli
 
 from harness.train.checkpoint import latest_checkpoint, load_checkpoint
-from harness.train.status import RECORD_SIZE, RankStatus, read_statuses, status_path
+from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
 from harness.train.trainer import TEST_FAIL_ENV
 
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
@@ -142,6 +142,8 @@ def test_status_records_the_last_stage_of_each_rank(tmp_path):
     assert statuses[0]["stage"] == "optimizer" and statuses[0]["step"] == 7 and statuses[0]["role"] == "train"
     assert statuses[0]["pid"] == os.getpid() and abs(statuses[0]["time"] - time.time()) < 5
     assert statuses[3]["role"] == "target" and statuses[3]["stage"].startswith("a_stage_name")
+    assert describe(statuses[0]) == "in stage 'optimizer' of step 7"  # the role only when not "train"
+    assert describe(statuses[3]).endswith(" of step 2 (role target)")
     assert status_path(tmp_path, 3).stat().st_size == RECORD_SIZE  # rewritten in place, never appended
     later = time.time() + 1
     assert read_statuses(tmp_path, since=later) == {}  # an earlier run's files are not this run's
@@ -177,7 +179,7 @@ def test_status_cli_prints_every_rank(tmp_path):
         status.stage("checkpoint", 40)
     out = subprocess.run([sys.executable, "-m", "harness.train.status", str(tmp_path)], capture_output=True,
                          text=True, check=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))).stdout
-    assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40 \(role train\), [\d.]+ s ago", out), out
+    assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40, [\d.]+ s ago", out), out
 
 
 def test_malformed_test_failure_spec_is_refused(monkeypatch):

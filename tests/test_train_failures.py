@@ -15,7 +15,7 @@ import pytest
 from train_support import train_cli
 
 from harness.train.checkpoint import latest_checkpoint, load_checkpoint
-from harness.train.status import RECORD_SIZE, RankStatus, read_statuses, status_path
+from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
 from harness.train.trainer import TEST_FAIL_ENV
 
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
@@ -118,6 +118,19 @@ def test_hung_rank_ends_the_job_at_the_collective_timeout(tmp_path, batchlab_cac
     assert f"rank 1 in stage 'data_wait' of step {FAIL_STEP}" in message  # the one that stopped answering
 
 
+def test_exception_on_one_rank_with_dataloader_workers_exits(tmp_path, batchlab_cache):
+    """One process: Python's own error, then exit; its DataLoader worker (which ignores SIGTERM) must not
+    keep it waiting at interpreter exit."""
+    run_dir = tmp_path / "run"
+    result = train_cli([*ARGS, "trainer.nproc=1", "trainer.num_workers=1", "trainer.stop_tokens=6000",
+                        f"hydra.run.dir={run_dir}"], cwd=tmp_path, env_extra={TEST_FAIL_ENV: "0:3:drafter_forward:raise"},
+                       timeout=120)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert f"RuntimeError: {TEST_FAIL_ENV}: simulated failure of rank 0" in result.stderr
+    assert "batchlab: rank 0 failed in stage 'drafter_forward' of step 3" in result.stderr  # the note on the error
+    assert (run_dir / "status" / "rank0.traceback").exists()
+
+
 # ---------------------------------------------------------------- the status files themselves
 def test_status_records_the_last_stage_of_each_rank(tmp_path):
     first, second = RankStatus(tmp_path, 0), RankStatus(tmp_path, 3, role="target")
@@ -129,6 +142,8 @@ def test_status_records_the_last_stage_of_each_rank(tmp_path):
     assert statuses[0]["stage"] == "optimizer" and statuses[0]["step"] == 7 and statuses[0]["role"] == "train"
     assert statuses[0]["pid"] == os.getpid() and abs(statuses[0]["time"] - time.time()) < 5
     assert statuses[3]["role"] == "target" and statuses[3]["stage"].startswith("a_stage_name")
+    assert describe(statuses[0]) == "in stage 'optimizer' of step 7"  # the role only when not "train"
+    assert describe(statuses[3]).endswith(" of step 2 (role target)")
     assert status_path(tmp_path, 3).stat().st_size == RECORD_SIZE  # rewritten in place, never appended
     later = time.time() + 1
     assert read_statuses(tmp_path, since=later) == {}  # an earlier run's files are not this run's
@@ -164,7 +179,7 @@ def test_status_cli_prints_every_rank(tmp_path):
         status.stage("checkpoint", 40)
     out = subprocess.run([sys.executable, "-m", "harness.train.status", str(tmp_path)], capture_output=True,
                          text=True, check=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))).stdout
-    assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40 \(role train\), [\d.]+ s ago", out), out
+    assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40, [\d.]+ s ago", out), out
 
 
 def test_malformed_test_failure_spec_is_refused(monkeypatch):
@@ -178,3 +193,19 @@ def test_malformed_test_failure_spec_is_refused(monkeypatch):
         _test_failure(1)
     monkeypatch.setenv(TEST_FAIL_ENV, "1:5:target_forward:kill")
     assert _test_failure(0) is None and _test_failure(1) == (5, "target_forward", "kill")
+
+
+def test_under_an_external_torchrun_the_root_cause_carries_stage_and_step(tmp_path, batchlab_cache):
+    run_dir = tmp_path / "run"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{TEST_FAIL_ENV: "1:3:target_forward:raise"})
+    result = subprocess.run(
+        [str(torchrun), "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m",
+         "harness.cli.train", *ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 1, result.stderr[-4000:]
+    root_cause = result.stderr.split("Root Cause (first observed failure):")[1]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root_cause), root_cause
+    assert "batchlab: rank 1 failed in stage 'target_forward' of step 3" in root_cause
+    statuses = read_statuses(run_dir)  # the same status files as under batchlab's own launch
+    assert sorted(statuses) == [0, 1] and statuses[1]["stage"] == "target_forward" and statuses[1]["step"] == 3

@@ -18,7 +18,12 @@ that dies ends the job: elastic's agent (polling every 0.5 s) stops the others (
 later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.run.run` turns into
 ``RankFailed`` with the stage and step from the rank's status file; collectives carry a timeout
 (``trainer.collective_timeout_s``, gloo's and NCCL's, with NCCL's async error handling on) so that a
-rank that hangs alive never hangs the others.
+rank that hangs alive never hangs the others. Under an external ``torchrun`` the agent is torchrun's:
+its ``ChildFailedError`` summary ("Root Cause (first observed failure)") names the rank and its exit
+code or signal and, from the error file a failing rank writes, its traceback ending in the note
+``batchlab: rank R failed in stage S of step N``; for a rank killed by a signal it shows only
+``Signal 9 (SIGKILL) received by PID ...``, and ``python -m harness.train.status RUN_DIR`` gives the
+stage and step.
 """
 
 from __future__ import annotations

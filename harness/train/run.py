@@ -133,6 +133,8 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
             if trainer.feature_link is not None:
                 trainer.feature_link.close()
     except BaseException as error:
+        if trainer is not None:
+            trainer.abort()
         stopping = (trainer is not None and trainer.stop_requested) or (producer is not None and producer.signalled)
         _rank_failed(error, env, run_dir, started, stopping=stopping)
         raise

@@ -597,6 +597,14 @@ class Trainer:
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(sig, request_stop)
 
+    def abort(self) -> None:
+        """After a failure: shut the epoch's DataLoader workers down (they ignore SIGTERM: a process exiting
+        with them alive would wait for them for good) and close the status file."""
+        batches = getattr(self, "_epoch_batches", None)
+        if batches is not None:
+            batches.close()
+        self.status.close()
+
     def _done(self) -> bool:
         return self.state.tokens_seen >= self.total_tokens
 
@@ -617,7 +625,7 @@ class Trainer:
             plan = self.plan_epoch(state.epoch)
             epoch_record = self._plan_record(plan) if state.step_in_epoch == 0 else {}
             consumed_log = self._consumed_log()
-            epoch_batches = self.batch_generator(plan, state.step_in_epoch)
+            epoch_batches = self._epoch_batches = self.batch_generator(plan, state.step_in_epoch)
             for step, batches, data_wait in epoch_batches:
                 measure = (state.global_step + 1) % trainer.grad_stats_every == 0
                 step_started = time.perf_counter()

@@ -157,10 +157,11 @@ class BucketedStrategy(Strategy):
         edges: ``"dp"`` (default), ``"quantile"``, ``"equal_tokens"`` or increasing upper edges.
         max_recurrence: bound on the composition recurrence of every bucket (default 0.1; None
             for no bound), honoured by the ``"dp"`` edges as a minimum bucket population inside
-            the dynamic program: a bucket of ``n`` samples cut into ``rows``-row micro-batches
-            repeats a fraction ``(rows - 1) / (n - 1)`` of its pairs in the next epoch, so it
-            needs ``n >= 1 + (rows - 1) / max_recurrence`` samples (a bucket that fits in one
-            micro-batch repeats all of them). Buckets whose samples get one row each (longer than
+            the dynamic program: a bucket of ``n`` samples whose samples have ``partners``
+            micro-batch partners each (modelled from the bucket's length histogram) repeats a
+            fraction ``partners / (n - 1)`` of its pairs in the next epoch, so it needs
+            ``n >= 1 + partners / max_recurrence`` samples (a bucket that fits in one micro-batch
+            repeats all of them; a one-sample bucket is alone in the same micro-batch every epoch). Buckets whose samples get one row each (longer than
             half the budget) have no pairs and no bound. Without any feasible split the edges
             fall back to one bucket. Other edge methods and explicit edges ignore it (the plan
             reports the recurrence it gets; ``batchlab-plan`` warns above the bound).

@@ -32,8 +32,8 @@ from .validate import (
 #: default (most) buckets of ``bucketed``. With the default ``max_recurrence`` the budget-aware dp
 #: uses as many of them as lower the expected padding while every bucket keeps enough samples, so
 #: the number used follows the dataset: all 64 on the chat-902k profile at max_tokens=16384
-#: (97.7% padding efficiency, recurrence 0.004), 28 on the standard library's top-level
-#: definitions (6,096 samples: 86.8%, recurrence 0.099; 32 unbounded dp buckets there give 94.0%
+#: (97.7% padding efficiency, recurrence 0.004), 18 on the standard library's top-level
+#: definitions (6,096 samples: 86.7%, recurrence 0.099; 32 unbounded dp buckets there give 94.1%
 #: at recurrence 0.54). Earlier default: 32 (95.5% on chat-902k).
 DEFAULT_NUM_BUCKETS = 64
 #: default ``max_recurrence`` of ``bucketed``

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,8 @@ from harness.train.run import RunDirectoryInUse, config_differences, run
 # one eval, at the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",
         "trainer.stop_tokens=26500", "trainer.checkpoint_every_steps=4", "trainer.eval_every_tokens=100000"]
+DETERMINISTIC = ("loss", "loss_max_rank", "grad_norm", "tau", "accuracy", "lr", "grad_diversity", "tokens_seen",
+                 "real_tokens", "computed_slots", "eval_loss", "eval_tau", "epoch", "step_in_epoch")
 
 
 def _stop_mid_epoch(run_dir, cwd, extra, after_steps, sig):
@@ -91,28 +94,62 @@ def stopped_on_two_ranks(tmp_path_factory, batchlab_cache):
     return run_dir, saved
 
 
-def test_two_ranks_resume_on_one_rank_mid_epoch_exactly_once(tmp_path, stopped_on_two_ranks):
+@pytest.fixture(scope="module")
+def resumed_on_one_rank(tmp_path_factory, stopped_on_two_ranks):
+    """A copy of the 2-rank run resumed on 1 rank, run to the end: ``(run dir, stdout)``."""
     source, saved = stopped_on_two_ranks
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path_factory.mktemp("one-rank") / "run"
     shutil.copytree(source, run_dir)
+    # killed after its last checkpoint: the steps past it are consumed again, and rank 1 is no more
+    step = saved["state"]["global_step"]
+    assert max(r["step"] for r in read_jsonl(run_dir / "consumed" / "rank1.jsonl")) > step, "killed at a checkpoint"
+    resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    return run_dir, resumed.stdout
+
+
+def test_two_ranks_resume_on_one_rank_mid_epoch_exactly_once(stopped_on_two_ranks, resumed_on_one_rank):
+    _, saved = stopped_on_two_ranks
+    run_dir, stdout = resumed_on_one_rank
     step, step_in_epoch = saved["state"]["global_step"], saved["state"]["step_in_epoch"]
     assert saved["fingerprint"]["world_size"] == 2
-    # killed after its last checkpoint: the steps past it are consumed again, and rank 1 is no more
-    assert max(r["step"] for r in read_jsonl(run_dir / "consumed" / "rank1.jsonl")) > step, "killed at a checkpoint"
-    resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     left = summary["train_samples"] - int((saved["consumed"] > 0).sum())
     assert (f"resumed a 2-rank checkpoint on 1 rank at epoch 0, step {step_in_epoch}: {left} samples left in the "
-            "epoch, re-planned") in resumed.stdout
+            "epoch, re-planned") in stdout
     assert summary["status"] == "complete" and summary["world_size"] == 1
     assert summary["tokens_seen"] >= 26500 and summary["epochs_exactly_once"] == [True]
     assert summary["samples_seen_once"] is True
     _assert_epoch_exactly_once(run_dir, step, summary["train_samples"])
     assert max(r["step"] for r in read_jsonl(run_dir / "consumed" / "rank1.jsonl")) == step  # cut back to it
     records = _assert_metrics_continue(run_dir, step)
-    # one rank from the checkpoint on: 2 micro-batches of the first run per step are one each now
-    assert len(records) > step + (21 - step_in_epoch)
+    # one rank from the checkpoint on: the rest of epoch 0 takes the steps its 1-rank plan has
+    planned = int(re.search(r"re-planned \((\d+) steps\)", stdout).group(1))
+    assert sum(r["epoch"] == 0 and r["step"] > step for r in records) == planned > 21 - step_in_epoch
+    assert not (run_dir / "consumed" / "rank1.jsonl").read_text().count('"epoch": 1')
+
+
+def test_a_resume_inside_the_replanned_epoch_repeats_it_exactly(tmp_path, stopped_on_two_ranks, resumed_on_one_rank):
+    """2 ranks -> 1 rank, stopped again inside the re-planned epoch, -> 1 rank: the same run as 2 -> 1 directly."""
+    source, saved = stopped_on_two_ranks
+    reference, _ = resumed_on_one_rank
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    again = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1"], after_steps=saved["state"]["global_step"] + 6,
+                            sig=signal.SIGTERM)
+    assert again["fingerprint"]["world_size"] == 1 and again["state"]["replanned_from"] is not None
+    resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed a" not in resumed.stdout  # the same world size: the checkpoint's own (re-planned) plan
+    expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got):  # bit-identical on CPU: same batches, anchors, states
+        for key in DETERMINISTIC:
+            assert have.get(key) == want.get(key), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+    for rank in (0, 1):
+        assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
+            reference / "consumed" / f"rank{rank}.jsonl")
+    assert json.loads((run_dir / "summary.json").read_text())["epochs_exactly_once"] == [True]
 
 
 def test_one_rank_resumes_on_two_ranks_with_another_accumulation(tmp_path, batchlab_cache):

@@ -18,6 +18,10 @@ API:
 
 - ``plan(lengths, budget, strategy="bucketed", seed=0, epoch=0, world_size=1, grad_accum=1,
   oversize="error", balance=None, **strategy_options) -> Plan``.
+- ``plan_remainder(strategy, lengths, consumed, budget, seed, epoch, world_size, grad_accum, oversize,
+  balance) -> Plan``: the rest of an epoch, for resuming on another world size: every kept sample not
+  in ``consumed`` (a boolean mask or indices), planned by the same strategy from ``(seed, epoch)``,
+  indices in the original sample positions, ``Plan.consumed`` set (see :mod:`strategies.remainder`).
 - ``build_strategy(name, **options)`` → a strategy object with
   ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
   ``available_strategies()`` → ``["bucketed", "length_grouped", "packed", "shuffle", "sorted"]``;
@@ -76,6 +80,7 @@ from .edges import bucket_edges, expected_padded_slots
 from .epoch_plan import Budget, Plan
 from .validate import LengthsError
 from .registry import available_strategies, build_strategy, plan, register_strategy, strategy_options
+from .remainder import plan_remainder
 
 __all__ = [
     "Budget",
@@ -84,6 +89,7 @@ __all__ = [
     "RankBalance",
     "LengthsError",
     "plan",
+    "plan_remainder",
     "build_strategy",
     "available_strategies",
     "register_strategy",

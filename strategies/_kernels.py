@@ -290,36 +290,51 @@ def dp_bucket_edges(values: np.ndarray, counts: np.ndarray, num_buckets: int) ->
 # Hand-written and compiled for the same reason as the kernels above: the cost of every candidate
 # bucket (a few hundred thousand of them on a 902K-sample histogram) is a sum whose terms depend on
 # the bucket's own count and row number, and the DP over those costs is a sequential recurrence; in
-# numpy the bucket costs alone take seconds, compiled they take tens of milliseconds.
+# numpy the bucket costs alone take tens of seconds, compiled a few tenths of a second.
 #
-# Model of one bucket holding the distinct lengths ``values[start..end]`` (N samples), filled
-# greedily in random order under ``max_tokens`` (see ``strategies.edges`` for why and how well it
-# matches real plans): a micro-batch has ``rows`` = the largest n (at least max_tokens // hi, at most
-# max_rows) with ``n * E[max of n draws] <= max_tokens``, and every sample of the bucket costs the
-# expected max of ``rows`` draws from the bucket's length histogram:
-#     E[max of n] = hi - sum_{k=start}^{end-1} F_k**n * (values[k+1] - values[k]),
-# F_k = (prefix[k+1] - prefix[start]) / N the bucket's CDF at values[k] (the discrete form of
-# E[max] = sum_v v * (F(v)**n - F(v-)**n), summed by parts).
+# Model of one bucket holding the distinct lengths ``values[start..end]`` (N samples, F its CDF),
+# filled greedily in random order under ``max_tokens`` T and ``max_rows`` S (see ``strategies.edges``
+# for how well it matches real plans): a micro-batch is cut from a stream of independent draws from
+# the bucket's histogram; it keeps its n-th draw while ``n * (running max) <= T`` and ``n <= S``. The
+# running max M_n never falls, so the micro-batch is still open after n draws exactly when all n are
+# <= t_n = T // n: P(open at n) = F(t_n)**n, and it closes at n when M_n <= t_n and M_{n+1} > t_{n+1}.
+# With G_n(t) = E[M_n ; M_n <= t] = v_j F_j**n - sum_{k<j} F_k**n (values[k+1] - values[k])
+# (v_j the largest length <= t, summed by parts), per micro-batch:
+#     E[rows]           = sum_n F(t_n)**n
+#     E[slots]          = sum_n n * (G_n(t_n) - F(t_{n+1}) * G_n(t_{n+1}))    (the last term at n = S: n * G_S(t_S))
+#     E[accepted tokens] = sum_n F(t_n)**(n-1) * E[x ; x <= t_n]
+#     E[rows (rows-1)]  = 2 * sum_n (n - 1) * F(t_n)**n
+# and the bucket costs its tokens x E[slots] / E[accepted tokens] padded slots (renewal-reward), its
+# samples have E[rows (rows-1)] / E[rows] micro-batch partners each. For n + 1 <= T // hi every term
+# but the rows' is zero, so the sums start at n = T // hi and stop once F(t_n)**n < OPEN_TOLERANCE.
 
-#: relative accuracy of the truncated tail sums (E[max] is exact to this fraction of the upper edge)
+#: relative accuracy of the truncated tail sums (G_n is exact to this fraction of the upper edge)
 TAIL_TOLERANCE = 1e-12
+#: the sums over row counts stop once a micro-batch is this unlikely to be still open
+OPEN_TOLERANCE = 1e-12
 #: row counts up to this are served from running power sums in ``budget_bucket_costs``
 POWER_SUM_ROWS = 32
 
 
 @njit(cache=True)
-def _tail_power_sum(values: np.ndarray, prefix: np.ndarray, start: int, end: int, rows: int) -> float:
-    """``sum_{k=start}^{end-1} F_k**rows * gap_k``, summed from the top down.
+def _sum_below(
+    values: np.ndarray, prefix: np.ndarray, start: int, j: int, n: int, inverse: float,
+    table: np.ndarray, powers: int, share: float,
+) -> float:
+    """``sum_{k=start}^{j-1} F_k**n * (values[k+1] - values[k])``, ``F_k`` = count up to values[k] * inverse.
 
-    The terms shrink going down (F falls) and everything below index k adds at most
-    ``F_k**rows * (values[k] - values[start])``, so the scan stops once that bound is below
-    ``TAIL_TOLERANCE * values[end]``: for many rows only the top of the bucket is visited.
+    From the running power sums ``table`` when they hold it (``table[n, i]`` sums ``x_k**n * gap_k`` for
+    the first i lengths from the start, ``x_k = F_k * share``); otherwise summed from the top down,
+    stopping once everything below is bounded by ``TAIL_TOLERANCE * values[j]``.
     """
-    inverse = 1.0 / (prefix[end + 1] - prefix[start])
-    tolerance = TAIL_TOLERANCE * values[end]
+    if n <= powers:
+        scale = share**n
+        if scale > 1e-250:
+            return table[n, j - start] / scale
+    tolerance = TAIL_TOLERANCE * values[j]
     total = 0.0
-    for k in range(end - 1, start - 1, -1):
-        power = ((prefix[k + 1] - prefix[start]) * inverse) ** rows
+    for k in range(j - 1, start - 1, -1):
+        power = ((prefix[k + 1] - prefix[start]) * inverse) ** n
         total += power * (values[k + 1] - values[k])
         if power * (values[k] - values[start]) <= tolerance:
             break
@@ -327,58 +342,94 @@ def _tail_power_sum(values: np.ndarray, prefix: np.ndarray, start: int, end: int
 
 
 @njit(cache=True)
+def _last_at_most(values: np.ndarray, start: int, end: int, limit: int) -> int:
+    """The largest index k in ``start..end`` with ``values[k] <= limit`` (``start - 1`` if none)."""
+    low = start
+    high = end + 1
+    while low < high:
+        middle = (low + high) // 2
+        if values[middle] <= limit:
+            low = middle + 1
+        else:
+            high = middle
+    return low - 1
+
+
+@njit(cache=True)
+def _fill_model(
+    values: np.ndarray, prefix: np.ndarray, tokens: np.ndarray, start: int, end: int, max_tokens: int,
+    max_rows: int, table: np.ndarray, powers: int, share: float,
+) -> tuple[float, float]:
+    """``(padded slots, partners per sample)`` of the bucket ``values[start..end]`` (model above)."""
+    count = prefix[end + 1] - prefix[start]
+    inverse = 1.0 / count
+    bucket_tokens = float(tokens[end + 1] - tokens[start])
+    hi = values[end]
+    first = max_tokens // hi
+    if first < 1:
+        first = 1
+    if first > max_rows:
+        first = max_rows
+    rows = first - 1.0  # every micro-batch takes its first `first - 1` draws
+    pairs = (first - 1.0) * (first - 2.0)
+    accepted = (first - 1.0) * bucket_tokens * inverse
+    slots = 0.0
+    j = end
+    for n in range(first, max_rows + 1):
+        j = _last_at_most(values, start, j, max_tokens // n)
+        if j < start:
+            break
+        cdf = (prefix[j + 1] - prefix[start]) * inverse
+        still_open = cdf**n
+        if still_open < OPEN_TOLERANCE:
+            break
+        rows += still_open
+        pairs += 2.0 * (n - 1) * still_open
+        accepted += cdf ** (n - 1) * (tokens[j + 1] - tokens[start]) * inverse
+        capped = values[j] * still_open - _sum_below(values, prefix, start, j, n, inverse, table, powers, share)
+        below = start - 1  # the largest length that a further row would still fit
+        if n < max_rows:
+            below = _last_at_most(values, start, j, max_tokens // (n + 1))
+        if below < start:
+            slots += n * capped
+        else:
+            cdf_below = (prefix[below + 1] - prefix[start]) * inverse
+            kept = values[below] * cdf_below**n - _sum_below(values, prefix, start, below, n, inverse, table, powers, share)
+            slots += n * (capped - cdf_below * kept)
+    return bucket_tokens * slots / accepted, pairs / rows
+
+
+@njit(cache=True)
 def bucket_fill_model(
     values: np.ndarray, prefix: np.ndarray, start: int, end: int, max_tokens: int, max_rows: int
-) -> tuple[int, float]:
-    """``(rows, expected max length)`` of a micro-batch of the bucket ``values[start..end]``.
+) -> tuple[float, float]:
+    """``(modelled padded slots, micro-batch partners per sample)`` of the bucket ``values[start..end]``.
 
     ``prefix`` is the running count (``prefix[0] = 0``, ``prefix[j + 1] = counts[:j + 1].sum()``).
-    The bucket's modelled padded slots are ``(prefix[end + 1] - prefix[start]) * expected max``.
     """
-    hi = values[end]
-    rows = max_tokens // hi
-    if rows > max_rows:
-        rows = max_rows
-    expected = hi - _tail_power_sum(values, prefix, start, end, rows)
-    while rows < max_rows:
-        larger = hi - _tail_power_sum(values, prefix, start, end, rows + 1)
-        if (rows + 1) * larger > max_tokens:  # n * E[max of n] grows with n: no larger n fits
-            break
-        rows += 1
-        expected = larger
-    return rows, expected
+    tokens = np.zeros(values.shape[0] + 1, dtype=np.int64)
+    for k in range(start, end + 1):
+        tokens[k + 1] = tokens[k] + values[k] * (prefix[k + 1] - prefix[k])
+    return _fill_model(values, prefix, tokens, start, end, max_tokens, max_rows, np.zeros((1, 1)), 0, 1.0)
 
 
 @njit(cache=True)
-def _tail_from_sums(
-    sums: np.ndarray, powers: int, share: float, values: np.ndarray, prefix: np.ndarray, start: int, end: int, rows: int
-) -> float:
-    """The tail sum of :func:`_tail_power_sum` from the running power sums when they hold it.
+def bucket_recurrence(partners: float, count: int) -> float:
+    """Expected composition recurrence of a bucket of ``count`` samples with ``partners`` micro-batch partners each.
 
-    ``sums[m]`` holds ``sum_k (count up to values[k] / count above the start)**m * gap_k`` and
-    ``share`` = bucket count / count above the start, so the tail is ``sums[rows] / share**rows``;
-    when that scale would underflow (a tiny bucket far below the top) the scan is used instead.
+    Shuffled anew each epoch, a sample's partners of the next epoch are a uniform draw from the other
+    ``count - 1`` samples of its bucket, so each of this epoch's partners is among them with
+    probability ``partners / (count - 1)`` (at most 1: a bucket that fits in one micro-batch repeats
+    all its pairs). A bucket whose samples never share a micro-batch (each longer than half the
+    budget) has none (0.0); a bucket of one sample that could share is alone in the same micro-batch
+    every epoch (1.0), so a bound below 1 rules it out.
     """
-    scale = share**rows
-    if rows <= powers and scale > 1e-250:
-        return sums[rows] / scale
-    return _tail_power_sum(values, prefix, start, end, rows)
-
-
-@njit(cache=True)
-def bucket_recurrence(rows: int, count: int) -> float:
-    """Expected composition recurrence of a bucket of ``count`` samples cut into ``rows``-row micro-batches.
-
-    Shuffled anew each epoch, a sample's ``rows - 1`` partners of the next epoch are a uniform draw
-    from the other ``count - 1`` samples of its bucket, so each of this epoch's partners is among
-    them with probability ``(rows - 1) / (count - 1)``; a bucket that fits in one micro-batch
-    (``count <= rows``) repeats all its pairs (1.0), a bucket of one sample has none (0.0).
-    """
-    if count <= 1 or rows <= 1:
+    if partners <= 0.0:
         return 0.0
-    if count <= rows:
+    if count <= 1:
         return 1.0
-    return (rows - 1) / (count - 1)
+    recurrence = partners / (count - 1)
+    return recurrence if recurrence < 1.0 else 1.0
 
 
 @njit(cache=True)
@@ -399,9 +450,8 @@ def budget_bucket_costs(
     Same numbers as :func:`bucket_fill_model`, but for each start the sums
     ``sum_k x_k**m * gap_k`` (``x_k`` = count from the start up to ``values[k]``, scaled by the
     count above the start) are accumulated for ``m <= POWER_SUM_ROWS`` in one upward sweep, so a
-    bucket with few rows — a wide one near the top, whose tail sum would scan thousands of lengths —
-    costs O(1). Buckets with more rows (short lengths, narrow) use the truncated scan, which stops
-    after a few lengths.
+    term with few rows — in a wide bucket, whose tail sum would scan thousands of lengths — costs
+    O(1). Terms with more rows use the truncated scan, which stops after a few lengths.
 
     ``max_recurrence < 1`` makes a bucket whose modelled recurrence
     :func:`bucket_recurrence` exceeds it infeasible (cost ``inf``): the minimum bucket
@@ -410,52 +460,35 @@ def budget_bucket_costs(
     num_values = values.shape[0]
     num_candidates = candidates.shape[0]
     prefix = np.zeros(num_values + 1, dtype=np.int64)
+    tokens = np.zeros(num_values + 1, dtype=np.int64)
     for j in range(num_values):
         prefix[j + 1] = prefix[j] + counts[j]
+        tokens[j + 1] = tokens[j] + values[j] * counts[j]
     cost = np.full((num_candidates, num_candidates), np.inf)
-    sums = np.zeros(POWER_SUM_ROWS + 1)
+    table = np.zeros((POWER_SUM_ROWS + 1, num_values + 1))
     for a in range(num_candidates):
         start = 0 if a == 0 else candidates[a - 1] + 1
         above = float(prefix[num_values] - prefix[start])
-        # rows never exceed max_tokens // (shortest length in the bucket), nor max_rows; the search
-        # also tries one row more than it keeps
+        # a micro-batch never holds more than max_tokens // (shortest length of the bucket) rows
         most_rows = max_tokens // values[start]
         if most_rows > max_rows:
             most_rows = max_rows
-        powers = most_rows + 1 if most_rows + 1 < POWER_SUM_ROWS else POWER_SUM_ROWS
-        sums[:] = 0.0
-        b = a
-        for k in range(start, num_values):
-            if k == candidates[b]:
-                end = k
-                count = prefix[end + 1] - prefix[start]
-                share = count / above
-                hi = values[end]
-                rows = max_tokens // hi
-                if rows > max_rows:
-                    rows = max_rows
-                expected = hi - _tail_from_sums(sums, powers, share, values, prefix, start, end, rows)
-                while rows < max_rows:  # same search as bucket_fill_model
-                    larger = hi - _tail_from_sums(sums, powers, share, values, prefix, start, end, rows + 1)
-                    if (rows + 1) * larger > max_tokens:
-                        break
-                    rows += 1
-                    expected = larger
-                if max_recurrence < 1.0 and bucket_recurrence(rows, count) > max_recurrence:
-                    cost[a, b] = np.inf
-                else:
-                    cost[a, b] = count * expected
-                b += 1
-                if b == num_candidates:
-                    break
-            if k + 1 == num_values:
-                break
-            gap = values[k + 1] - values[k]
+        powers = most_rows if most_rows < POWER_SUM_ROWS else POWER_SUM_ROWS
+        for k in range(start, num_values - 1):
             x = (prefix[k + 1] - prefix[start]) / above
-            term = x * gap
+            term = x * (values[k + 1] - values[k])
+            i = k - start
             for m in range(1, powers + 1):
-                sums[m] += term
+                table[m, i + 1] = table[m, i] + term
                 term *= x
+        for b in range(a, num_candidates):
+            end = candidates[b]
+            count = prefix[end + 1] - prefix[start]
+            slots, partners = _fill_model(values, prefix, tokens, start, end, max_tokens, max_rows, table, powers,
+                                          count / above)
+            if max_recurrence < 1.0 and bucket_recurrence(partners, count) > max_recurrence:
+                continue
+            cost[a, b] = slots
     return cost
 
 

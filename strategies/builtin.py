@@ -32,8 +32,8 @@ from .validate import (
 #: default (most) buckets of ``bucketed``. With the default ``max_recurrence`` the budget-aware dp
 #: uses as many of them as lower the expected padding while every bucket keeps enough samples, so
 #: the number used follows the dataset: all 64 on the chat-902k profile at max_tokens=16384
-#: (97.7% padding efficiency, recurrence 0.004), 28 on the standard library's top-level
-#: definitions (6,096 samples: 86.8%, recurrence 0.099; 32 unbounded dp buckets there give 94.0%
+#: (97.7% padding efficiency, recurrence 0.004), 18 on the standard library's top-level
+#: definitions (6,096 samples: 86.7%, recurrence 0.099; 32 unbounded dp buckets there give 94.1%
 #: at recurrence 0.54). Earlier default: 32 (95.5% on chat-902k).
 DEFAULT_NUM_BUCKETS = 64
 #: default ``max_recurrence`` of ``bucketed``
@@ -157,10 +157,11 @@ class BucketedStrategy(Strategy):
         edges: ``"dp"`` (default), ``"quantile"``, ``"equal_tokens"`` or increasing upper edges.
         max_recurrence: bound on the composition recurrence of every bucket (default 0.1; None
             for no bound), honoured by the ``"dp"`` edges as a minimum bucket population inside
-            the dynamic program: a bucket of ``n`` samples cut into ``rows``-row micro-batches
-            repeats a fraction ``(rows - 1) / (n - 1)`` of its pairs in the next epoch, so it
-            needs ``n >= 1 + (rows - 1) / max_recurrence`` samples (a bucket that fits in one
-            micro-batch repeats all of them). Buckets whose samples get one row each (longer than
+            the dynamic program: a bucket of ``n`` samples whose samples have ``partners``
+            micro-batch partners each (modelled from the bucket's length histogram) repeats a
+            fraction ``partners / (n - 1)`` of its pairs in the next epoch, so it needs
+            ``n >= 1 + partners / max_recurrence`` samples (a bucket that fits in one micro-batch
+            repeats all of them; a one-sample bucket is alone in the same micro-batch every epoch). Buckets whose samples get one row each (longer than
             half the budget) have no pairs and no bound. Without any feasible split the edges
             fall back to one bucket. Other edge methods and explicit edges ignore it (the plan
             reports the recurrence it gets; ``batchlab-plan`` warns above the bound).

@@ -8,22 +8,28 @@ Methods:
 
 - ``"dp"`` with a budget — a dynamic program that minimises the padded slots the bucketed
   strategy's greedy fill is expected to compute at that budget (:func:`expected_budget_slots`).
-  A micro-batch of bucket ``[lo, hi]`` is padded to the longest of its rows, not to ``hi``: with
-  ``rows`` rows every sample costs ``E[max of rows draws]`` from the bucket's length histogram,
-  ``E[max] = sum_v v * (F(v)**rows - F(v-)**rows)`` (F the bucket's CDF). ``rows`` is the largest
-  n (at least ``max_tokens // hi``, at most ``max_samples``) with ``n * E[max of n] <= max_tokens``:
-  the greedy fill keeps adding rows while ``rows * running max <= max_tokens``, so a wide bucket
-  holds many more than ``max_tokens // hi`` rows and their max is far above what
-  ``max_tokens // hi`` draws would give. (Taking ``rows = max_tokens // hi`` alone underestimates
-  wide buckets by up to 30% and the DP then picks them: 64.7% real efficiency at 4 buckets on
-  ``chat-902k`` against 71.1% for ``dp_upper``.) The model ignores that the sample which
-  overflows a micro-batch opens the next one (a bias towards long first rows) and each bucket's
-  last, partial micro-batch. Measured against real plans on ``chat-902k`` at
-  ``max_tokens=16384``, world size 8: the modelled efficiency of the edges the DP picks is above
-  the real one by 0.55 / 0.41 / 0.14 / 0.03 / 0.00 points at 4 / 8 / 16 / 32 / 64 buckets, and the
-  model overestimates very wide buckets (+6% for [747, 5490], +19% for one bucket of everything),
-  so its errors push away from wide buckets, never towards them. Real efficiency against
-  ``dp_upper``: +2.0 / +0.4 / +0.1 / +0.1 / +0.05 points (``benchmarks/plan_speed.py``).
+  A micro-batch of bucket ``[lo, hi]`` is padded to the longest of its rows, and how many rows it
+  holds depends on what it drew: the greedy fill keeps adding samples while
+  ``rows * running max <= max_tokens``, so in a wide bucket a micro-batch that starts short takes
+  many rows and one that meets a long sample few. The model follows that process exactly on
+  independent draws from the bucket's length histogram: a micro-batch is still open after n draws
+  when all of them are ``<= max_tokens // n`` (the running max never falls), which gives in closed
+  form the distribution of its rows, its expected padded slots and its expected real tokens; the
+  bucket costs its tokens times their ratio (renewal-reward), and its samples have
+  ``E[rows (rows - 1)] / E[rows]`` micro-batch partners each (the formulas are in
+  ``strategies._kernels``; a brute-force enumeration of the draws checks them in the tests). An
+  earlier model gave every micro-batch of a bucket one row count (the largest n with
+  ``n * E[max of n] <= max_tokens``); on wide buckets, which a ``max_recurrence`` bound forces on
+  small datasets, it was far off: the top bucket ``[369, 2043]`` of the training runs' 647 samples at
+  ``max_tokens=2048`` counted as one unpadded row per micro-batch while real plans padded 12% there,
+  and the DP spent edges on one-sample buckets. The model ignores that the sample which overflows
+  a micro-batch opens the next one (a bias towards long first rows) and each bucket's last, partial
+  micro-batch. Measured against real plans on ``chat-902k`` at ``max_tokens=16384``, world size 8:
+  the modelled efficiency of the edges the DP picks is above the real one by 0.25 / 0.05 / 0.02 /
+  0.00 / 0.00 points at 4 / 8 / 16 / 32 / 64 buckets (0.55 / 0.41 / 0.14 / 0.03 / 0.00 with the
+  one-row-count model); on very wide buckets it is off by a few percent either way (slots 0.9%
+  low for [747, 5490], 2.3% high for one bucket of everything). Real efficiency against
+  ``dp_upper``: +2.3 / +0.6 / +0.2 / +0.1 / +0.05 points (``benchmarks/plan_speed.py``).
   Samples longer than half the budget get one row each, no padding, so they cost their own length
   in any bucket.
   The DP is exact over a set of candidate edges: every distinct length when there are at most
@@ -31,11 +37,13 @@ Methods:
   equal-token quantiles plus the ``quantile``, ``equal_tokens`` and ``dp_upper`` edges for the same
   number of buckets. So it is never worse, under its objective, than those three; the grid costs
   little (on ``chat-902k`` a 4x finer grid lowers the objective by < 0.01% at 4 to 64 buckets) and
-  keeps the O(K * C^2) DP and its O(C^2) bucket costs at tens of milliseconds for 8K distinct
-  lengths and 64 buckets (:func:`strategies._kernels.budget_bucket_costs`). It may use fewer than
+  keeps the O(K * C^2) DP and its O(C^2) bucket costs at a few tenths of a second for 8K distinct
+  lengths and 64 buckets (:func:`strategies._kernels.budget_bucket_costs`), paid once per dataset. It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).
   With ``max_recurrence`` (the ``bucketed`` option, default 0.1) a bucket whose modelled
-  composition recurrence ``(rows - 1) / (samples - 1)`` exceeds the bound costs ``inf``: a minimum
+  composition recurrence ``partners / (samples - 1)`` exceeds the bound costs ``inf``
+  (:func:`strategies._kernels.bucket_recurrence`; a one-sample bucket that could share a
+  micro-batch is alone in the same one every epoch and counts as 1): a minimum
   population per bucket, inside the DP, so the optimum is taken over the feasible splits only (the
   number of buckets then follows the dataset). With no feasible split the DP returns one bucket.
 - ``"dp"`` without a budget, or ``"dp_upper"`` — the budget-free objective
@@ -105,7 +113,8 @@ def _max_rows(budget: Budget) -> int:
 def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray, budget: Budget) -> float:
     """Padded slots the budget-aware DP assigns to these edges (its objective; module docstring).
 
-    Sum over buckets of (samples in the bucket) x E[max of ``rows`` draws from the bucket].
+    Sum over buckets of the bucket's tokens x E[padded slots] / E[real tokens] of one of its
+    micro-batches under the greedy fill (module docstring).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     edges = np.asarray(edges, dtype=np.int64)
@@ -119,8 +128,8 @@ def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
     for end in bucket_ends:
         if end < start:  # an empty bucket
             continue
-        _, expected_max = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
-        total += float(prefix[end + 1] - prefix[start]) * expected_max
+        slots, _ = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        total += slots
         start = int(end) + 1
     return total
 
@@ -128,8 +137,8 @@ def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
 def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.ndarray, budget: Budget) -> np.ndarray:
     """Modelled composition recurrence of every non-empty bucket (what ``max_recurrence`` bounds).
 
-    ``(rows - 1) / (samples - 1)`` with ``rows`` the bucket's modelled rows per micro-batch
-    (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
+    ``partners / (samples - 1)`` (at most 1) with ``partners`` the modelled micro-batch partners
+    of a sample of the bucket (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     edges = np.asarray(edges, dtype=np.int64)
@@ -141,8 +150,8 @@ def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.nd
     for end in bucket_ends:
         if end < start:
             continue
-        rows, _ = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
-        result.append(bucket_recurrence(rows, int(prefix[end + 1] - prefix[start])))
+        _, partners = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        result.append(bucket_recurrence(partners, int(prefix[end + 1] - prefix[start])))
         start = int(end) + 1
     return np.asarray(result, dtype=np.float64)
 
@@ -233,7 +242,7 @@ def bucket_edges(
             ``"dp_upper"`` always does). Other methods ignore it. A sample longer than
             ``budget.max_tokens`` is rejected.
         max_recurrence: with ``"dp"`` and a budget, the largest modelled composition recurrence
-            of any bucket (``(rows - 1) / (samples - 1)``, :func:`strategies._kernels.bucket_recurrence`):
+            of any bucket (``partners / (samples - 1)``, :func:`strategies._kernels.bucket_recurrence`):
             a minimum bucket population enforced inside the DP. None (default here) or >= 1: no
             bound. Other methods ignore it.
     """

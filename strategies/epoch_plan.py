@@ -10,6 +10,10 @@ Micro-batches are ordered step-major, then rank, then accumulation micro-step::
 
 so a step always owns exactly ``world_size * grad_accum`` consecutive micro-batches. A short final
 step is filled with empty micro-batches (they still join the collective ops); nothing is dropped.
+
+A plan of *the rest of an epoch* (:func:`strategies.plan_remainder`, for resuming on another world
+size) also records ``consumed``: the samples the epoch visited before it; they must not appear again,
+and the plan visits every other kept sample once.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ class Plan:
         micro_batch_offsets: int64, ``num_steps * world_size * grad_accum + 1`` offsets.
         dropped: int64 indices removed by the ``drop`` oversize policy (empty otherwise).
         truncated: int64 indices shortened by the ``truncate`` oversize policy.
+        consumed: int64 indices, ascending, that the epoch visited before this plan (a rest-of-epoch
+            plan, :func:`strategies.plan_remainder`); empty for a whole epoch's plan.
         info: strategy-specific facts about the plan (e.g. ``edges`` of a bucketed plan, the
             ``oversize`` policy, the ``balance`` settings); plain data, for reports.
     """
@@ -92,6 +98,7 @@ class Plan:
     grad_accum: int
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    consumed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     info: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -176,11 +183,19 @@ class Plan:
         keep[self.dropped] = False
         return np.flatnonzero(keep).astype(np.int64)
 
+    def remaining_indices(self) -> np.ndarray:
+        """Indices this plan must visit: the kept ones the epoch has not consumed before it, ascending."""
+        keep = np.ones(len(self.lengths), dtype=bool)
+        keep[self.dropped] = False
+        keep[self.consumed] = False
+        return np.flatnonzero(keep).astype(np.int64)
+
     def exactly_once_violations(self) -> tuple[int, int]:
         """``(missing, repeated)``: kept indices the plan never visits, and visits beyond one.
 
-        A dropped index must not appear at all (each appearance counts as repeated), and indices
-        outside ``[0, len(lengths))`` are never valid (each counts as repeated).
+        A dropped index, or one the epoch consumed before this plan, must not appear at all (each
+        appearance counts as repeated), and indices outside ``[0, len(lengths))`` are never valid
+        (each counts as repeated).
         """
         size = len(self.lengths)
         indices = self.sample_indices
@@ -188,12 +203,17 @@ class Plan:
         counts = np.bincount(indices[in_range], minlength=size)
         expected = np.ones(size, dtype=np.int64)
         expected[self.dropped] = 0
+        expected[self.consumed] = 0
         missing = int(np.maximum(expected - counts, 0).sum())
         repeated = int(np.maximum(counts - expected, 0).sum()) + int((~in_range).sum())
         return missing, repeated
 
     def exactly_once(self) -> bool:
-        """True when every kept index appears exactly once and no dropped index appears."""
+        """True when every kept index appears exactly once and no dropped index appears.
+
+        For a rest-of-epoch plan: every kept index not consumed before it appears once, and no
+        consumed one appears (with the consumed ones, the epoch visits every kept index once).
+        """
         return self.exactly_once_violations() == (0, 0)
 
     def budget_violations(self) -> np.ndarray:

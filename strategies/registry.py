@@ -54,6 +54,18 @@ def build_strategy(name: str, **options: Any) -> Strategy:
     return cls(**options)
 
 
+def resolve_strategy(strategy: str | Strategy, **strategy_options: Any) -> Strategy:
+    """A strategy object as given, or built from its registry name and options."""
+    if isinstance(strategy, Strategy):
+        if strategy_options:
+            raise ValueError(
+                f"options {sorted(strategy_options)} given with a strategy object; set them on the object "
+                "or pass the strategy by name"
+            )
+        return strategy
+    return build_strategy(strategy, **strategy_options)
+
+
 def plan(
     lengths: Any,
     budget: Budget | int,
@@ -70,15 +82,7 @@ def plan(
 
     See :meth:`Strategy.plan` for the arguments; ``strategy_options`` go to :func:`build_strategy`.
     """
-    if isinstance(strategy, Strategy):
-        if strategy_options:
-            raise ValueError(
-                f"options {sorted(strategy_options)} given with a strategy object; set them on the object "
-                "or pass the strategy by name"
-            )
-        chosen = strategy
-    else:
-        chosen = build_strategy(strategy, **strategy_options)
+    chosen = resolve_strategy(strategy, **strategy_options)
     return chosen.plan(
         lengths, budget, seed=seed, epoch=epoch, world_size=world_size, grad_accum=grad_accum,
         oversize=oversize, balance=balance,

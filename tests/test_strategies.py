@@ -205,7 +205,9 @@ def test_bucketed_default_stays_diverse_on_a_small_dataset():
         return composition_recurrence(first, second)[0], padding_efficiency(first)
 
     recurrence, efficiency = recurrence_and_efficiency()
-    assert recurrence <= 0.10 and efficiency >= 0.80, (recurrence, efficiency)
+    # measured 0.0975 and 80.0% (80.45% while the dp could still carve out one-sample buckets, alone
+    # in their micro-batch every epoch; they now count as recurrence 1)
+    assert recurrence <= 0.10 and efficiency >= 0.79, (recurrence, efficiency)
     # buckets too small for 1 / max_recurrence steps do not form steps of their own
     first, second = (plan(lengths, budget, "bucketed", epoch=e, **kwargs) for e in (0, 1))
     assert step_recurrence(first, second)[0] <= 0.12

@@ -3,8 +3,11 @@
 A checkpoint holds the drafter, optimizer, schedule and RNG states, the trainer's counters (tokens
 seen, plan position, eval cadence, gradient-statistics EMAs, the current epoch's consumed-sample
 counts) and a *fingerprint* of everything the batching plan depends on. Resuming with a different
-fingerprint (another dataset, budget, strategy or option, world size, accumulation or seed) would
-silently train on other batches, so it is refused with the differences named.
+fingerprint (another dataset, budget, strategy or option, or seed) would silently train on other
+batches, so it is refused with the differences named. The world size and the accumulation
+(:data:`LAYOUT_KEYS`) only lay the same samples out on ranks and micro-steps: the trainer may allow
+them to change, and then plans the rest of the checkpoint's epoch for the new shape
+(:func:`strategies.plan_remainder`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,9 @@ import torch
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
+#: fingerprint values that only lay an epoch's samples out on ranks and accumulation micro-steps (the
+#: plan's step shape, world_size * grad_accum micro-batches); a resume may change them (elastic resume)
+LAYOUT_KEYS = ("world_size", "grad_accum")
 
 
 class FingerprintMismatch(RuntimeError):
@@ -47,17 +54,25 @@ def plan_fingerprint(*, lengths_sha256: str, data_fingerprint: str, max_tokens: 
     }
 
 
-def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path) -> None:
-    """Raise :class:`FingerprintMismatch` naming every value that differs."""
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], path: Path,
+                      allowed: Iterable[str] = ()) -> list[str]:
+    """Raise :class:`FingerprintMismatch` naming every value that differs, those in ``allowed`` aside.
+
+    Returns the keys of ``allowed`` whose values differ (for an elastic resume, ``allowed`` is
+    :data:`LAYOUT_KEYS`); empty when the plans are the same.
+    """
+    allowed = tuple(allowed)
     keys = sorted(set(saved) | set(current))
-    differences = [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in keys
-                   if saved.get(k) != current.get(k)]
+    changed = [k for k in keys if saved.get(k) != current.get(k)]
+    differences = [f"{k}: checkpoint {saved.get(k)!r}, now {current.get(k)!r}" for k in changed if k not in allowed]
     if differences:
+        may_change = f" (only {', '.join(allowed)} may change on resume)" if allowed else ""
         raise FingerprintMismatch(
             f"checkpoint {path} was written for another batching plan, so resuming would not repeat the "
-            f"uninterrupted run: {'; '.join(differences)}. Resume with the checkpoint's settings, or start a "
-            "fresh run in a new directory (or set trainer.resume=false)"
+            f"uninterrupted run: {'; '.join(differences)}{may_change}. Resume with the checkpoint's settings, or "
+            "start a fresh run in a new directory (or set trainer.resume=false)"
         )
+    return [k for k in changed if k in allowed]
 
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:

@@ -99,7 +99,9 @@ class TrainerConfig:
     prefetch_factor: int = 4
     threads_per_rank: Optional[int] = None  # torch intra-op threads; None: CPU cores / ranks
     collective_timeout_s: int = 300
-    resume: bool = True  # continue from run_dir/checkpoints when a checkpoint is there
+    # continue from run_dir/checkpoints when a checkpoint is there, also with another nproc or grad_accum
+    # (the rest of the checkpoint's epoch is re-planned for the new shape)
+    resume: bool = True
     record_consumed: bool = False  # write every rank's consumed sample indices (tests)
     target_attention_backend: str = "auto"
     gdn_backend: str = "auto"

@@ -59,6 +59,9 @@ FAILURE_GRACE_S = 2.0
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
 RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_factor", "trainer.resume",
                 "trainer.collective_timeout_s", "trainer.record_consumed", "trainer.threads_per_rank", "logger.")
+#: settings that lay the same samples out on other ranks / micro-steps: they may differ on resume (elastic
+#: resume; the checkpoint's plan fingerprint decides, and the rest of its epoch is re-planned)
+LAYOUT_KEYS = ("trainer.nproc", "trainer.grad_accum")
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -75,7 +78,7 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     before, after = flat(old), flat(new)
     # a key the old run's config does not have is a setting added to batchlab since (its default is the
     # behaviour the old run had): not a difference
-    keys = sorted(k for k in before if not k.startswith(RUNTIME_KEYS))
+    keys = sorted(k for k in before if not k.startswith(RUNTIME_KEYS) and k not in LAYOUT_KEYS)
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 

@@ -46,7 +46,7 @@ from harness.train.grad_stats import BucketNorms, GradientNoise, flat_grad, summ
 from harness.train.metrics import JsonlSink, MetricLogger, WandbSink, truncate_metrics
 from harness.train.schedule import TokenCosineSchedule
 from harness.train.status import RankStatus
-from strategies import Budget, CostModel, Plan, build_strategy
+from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics
 
 #: seed of the random-weight target: the same target for every strategy and seed of a sweep
@@ -114,6 +114,9 @@ class TrainState:
     last_grad_noise_scale: float = math.nan
     epochs_exactly_once: list[bool] = field(default_factory=list)
     last_eval: dict[str, Any] = field(default_factory=dict)
+    # elastic resume: the training-sample (plan) indices the current epoch had consumed when a resume on
+    # another world size / grad_accum re-planned its rest; None while the epoch runs its whole plan
+    replanned_from: np.ndarray | None = None
 
 
 # the per-rank scalars gathered every step (then the per-position accuracy sums)
@@ -280,10 +283,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ plans and batches
     def plan_epoch(self, epoch: int) -> Plan:
-        """The plan of ``epoch`` (the last one made is kept: each epoch's metrics plan the next one first)."""
+        """The plan of ``epoch`` (the last one made is kept: each epoch's metrics plan the next one first).
+
+        After an elastic resume the current epoch's plan is the rest of the epoch, re-planned for this
+        world size from the samples it had consumed (``TrainState.replanned_from``).
+        """
         if self._last_plan is not None and self._last_plan.epoch == epoch:
             return self._last_plan
         cfg = self.config
+        if epoch == self.state.epoch and self.state.replanned_from is not None:
+            self._last_plan = plan_remainder(
+                self.strategy, self.train_lengths, self.state.replanned_from, self.budget, seed=cfg.seed, epoch=epoch,
+                world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum, balance=cfg.balance)
+            return self._last_plan
         self._last_plan = self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=epoch,
                                              world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
                                              balance=cfg.balance)
@@ -569,7 +581,9 @@ class Trainer:
         if path is None:
             return None
         saved = ckpt.load_checkpoint(path)
-        ckpt.check_fingerprint(saved["fingerprint"], self.fingerprint, path)
+        # world size and accumulation may change (elastic resume): the rest of the epoch is re-planned below
+        layout_changed = ckpt.check_fingerprint(saved["fingerprint"], self.fingerprint, path,
+                                                allowed=ckpt.LAYOUT_KEYS)
         self.drafter.load_state_dict(saved["drafter"])
         self.optimizer.load_state_dict(saved["optimizer"])
         self.noise.load_state_dict(saved["noise"])
@@ -578,7 +592,48 @@ class Trainer:
         torch.set_rng_state(saved["rng"]["torch"])
         np.random.set_state(saved["rng"]["numpy"])
         random.setstate(saved["rng"]["python"])
+        if layout_changed:
+            self._replan_epoch(saved, path)
         return path
+
+    def _replan_epoch(self, saved: dict[str, Any], path: Path) -> None:
+        """Elastic resume: the checkpoint's epoch continues with its unconsumed samples planned for this shape.
+
+        The consumed counts (summed over the old ranks) are carried over, so the epoch's exactly-once
+        check still covers the whole epoch; later epochs are planned as usual for this shape.
+        """
+        old = saved["fingerprint"]
+        counts = np.asarray(saved["consumed"])[self.train_rows]
+        most, elsewhere = int(counts.max(initial=0)), int(np.asarray(saved["consumed"]).sum() - counts.sum())
+        if most > 1 or elsewhere:
+            raise ValueError(
+                f"checkpoint {path}: its consumed-sample counts are not a set of this run's training samples (a "
+                f"sample consumed {most} times, {elsewhere} visits of other rows); it cannot be resumed on another "
+                "world size"
+            )
+        state = self.state
+        stopped_at = state.step_in_epoch
+        done = np.flatnonzero(counts).astype(np.int64)
+        # nothing consumed yet (a checkpoint at an epoch boundary): the epoch's own plan for this shape
+        state.replanned_from = done if done.size else None
+        state.step_in_epoch = 0
+        self._last_plan = None
+        plan = self.plan_epoch(state.epoch)
+        left = int(self.train_rows.size - done.size)
+        if plan.num_steps == 0:
+            raise ValueError(
+                f"checkpoint {path}: epoch {state.epoch} has consumed every training sample but was not finished; "
+                "the checkpoint is inconsistent"
+            )
+        if self.env.is_main:
+            shape = "" if old.get("grad_accum") == self.config.trainer.grad_accum else (
+                f" (grad_accum {old.get('grad_accum')} -> {self.config.trainer.grad_accum})")
+            print(
+                f"batchlab-train: resumed a {old.get('world_size')}-rank checkpoint on {self.env.world_size} "
+                f"rank{'s' if self.env.world_size != 1 else ''}{shape} at epoch {state.epoch}, step {stopped_at}: "
+                f"{left} samples left in the epoch, re-planned ({plan.num_steps} steps)",
+                flush=True,
+            )
 
     # ------------------------------------------------------------------ the loop
     def _stage(self, name: str, step: int) -> None:
@@ -623,7 +678,8 @@ class Trainer:
         stop = False
         while not self._done() and not stop:
             plan = self.plan_epoch(state.epoch)
-            epoch_record = self._plan_record(plan) if state.step_in_epoch == 0 else {}
+            # a re-planned rest of an epoch (elastic resume) logged its epoch's plan metrics before
+            epoch_record = self._plan_record(plan) if state.step_in_epoch == 0 and state.replanned_from is None else {}
             consumed_log = self._consumed_log()
             epoch_batches = self._epoch_batches = self.batch_generator(plan, state.step_in_epoch)
             for step, batches, data_wait in epoch_batches:
@@ -666,6 +722,7 @@ class Trainer:
                     consumed[:] = 0
                     state.epoch += 1
                     state.step_in_epoch = 0
+                    state.replanned_from = None
                 if self.stop_requested or self._done():
                     stop = True
                     break
@@ -705,6 +762,11 @@ class Trainer:
             self._consumed_log_checked = True
             if self._resume_consumed is not None:
                 truncate_metrics(path, self.state.global_step)
+                if self.env.is_main:  # the files of ranks a resume on fewer ranks no longer has
+                    for rank_file in directory.glob("rank*.jsonl"):
+                        rank = rank_file.stem[len("rank"):]
+                        if rank.isdigit() and int(rank) >= self.env.world_size:
+                            truncate_metrics(rank_file, self.state.global_step)
             elif path.exists():
                 path.unlink()
         return path.open("a")

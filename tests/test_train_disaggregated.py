@@ -203,9 +203,10 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     assert result.returncode == 0, result.stderr[-4000:]
     stopped = tmp_path / "stopped"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, f"hydra.run.dir={stopped}"],
-                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    log = tmp_path / "stopped.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, f"hydra.run.dir={stopped}"],
+                                   cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 90
         while time.time() < deadline and process.poll() is None:
@@ -213,16 +214,17 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 8:
                 break
             time.sleep(0.05)
-        assert process.poll() is None, "the run ended before it could be stopped"
+        assert process.poll() is None, "the run ended before it could be stopped: " + log.read_text()[-3000:]
         os.killpg(process.pid, signal.SIGTERM)
     finally:
         process.wait(timeout=60)
+    assert (stopped / "summary.json").exists(), log.read_text()[-4000:]
     summary = json.loads((stopped / "summary.json").read_text())
-    assert summary["status"] == "interrupted"
+    assert summary["status"] == "interrupted", log.read_text()[-4000:]
     steps_before = len(read_jsonl(stopped / "metrics.jsonl"))
     assert 8 <= steps_before < len(read_jsonl(reference / "metrics.jsonl"))
     result = train_cli([*RESUME, f"hydra.run.dir={stopped}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(stopped / "metrics.jsonl")
     assert [r["step"] for r in got] == [r["step"] for r in expected] and max(r["epoch"] for r in got) == 1
     for want, have in zip(expected, got):

@@ -25,10 +25,14 @@ register_schemas()
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from harness.train.run import run
+    from harness.train.run import RankFailed, run
 
     run_dir = HydraConfig.get().runtime.output_dir
-    summary = run(resolved_dict(cfg), run_dir)
+    try:
+        summary = run(resolved_dict(cfg), run_dir)
+    except RankFailed as failed:  # the message says it all (rank, stage, step, the checkpoint); no traceback
+        print(f"batchlab-train: {failed}", file=sys.stderr, flush=True)
+        sys.exit(1)
     if summary and summary.get("status") == "interrupted":
         print(f"batchlab-train: interrupted after {summary['tokens_seen']} tokens; the checkpoint is in "
               f"{run_dir}/checkpoints; run the same command with hydra.run.dir={run_dir} to resume", file=sys.stderr)

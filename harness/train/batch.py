@@ -12,7 +12,10 @@ gets the same blocks under every strategy and world size.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,9 +117,26 @@ class RankMicroBatches(Dataset):
 def _ignore_stop_signals(worker_id: int) -> None:  # noqa: ARG001 - DataLoader's worker_init_fn signature
     """A SIGTERM/SIGINT sent to the job's process group must reach the training process, which finishes its
     step and checkpoints; a worker that died of it first would crash that process instead. Workers still
-    exit with their parent."""
+    exit with their parent, and at once when it is killed: a forked worker holds copies of its rank's
+    sockets and of torch elastic's liveness pipe, so until it noticed (DataLoader checks every 5 s) a
+    SIGKILLed rank would look alive to the agent and to its peers."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)
 
 
 def micro_batch_loader(dataset: RankMicroBatches, num_workers: int, prefetch_factor: int,

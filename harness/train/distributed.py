@@ -8,11 +8,22 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
   (c10d rendezvous on ``localhost:0``, so two jobs never fight over a port); the resolved config
   travels as a plain dict.
 * An external ``torchrun`` or SLURM launch (``WORLD_SIZE`` / ``SLURM_NTASKS`` in the environment): the
-  process is already one rank; read the environment and join.
+  process is already one rank; read the environment and join. A task of a submitit job
+  (``hydra/launcher=slurm`` or ``submitit_local``) is one rank: submitit's own
+  ``TorchDistributedEnvironment`` gives its rank, world and rendezvous address (the job's first host,
+  a port drawn from the job id).
 
 Collectives are no-ops on one rank, so the trainer has no ``if world_size > 1`` of its own. A rank
-that dies ends the job: elastic's agent stops the others and raises ``ChildFailedError`` naming it;
-collectives carry a timeout (``trainer.collective_timeout_s``) so that a lost peer never hangs.
+that dies ends the job: elastic's agent (polling every 0.5 s) stops the others (SIGTERM, SIGKILL 30 s
+later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.run.run` turns into
+``RankFailed`` with the stage and step from the rank's status file; collectives carry a timeout
+(``trainer.collective_timeout_s``, gloo's and NCCL's, with NCCL's async error handling on) so that a
+rank that hangs alive never hangs the others. Under an external ``torchrun`` the agent is torchrun's:
+its ``ChildFailedError`` summary ("Root Cause (first observed failure)") names the rank and its exit
+code or signal and, from the error file a failing rank writes, its traceback ending in the note
+``batchlab: rank R failed in stage S of step N``; for a rank killed by a signal it shows only
+``Signal 9 (SIGKILL) received by PID ...``, and ``python -m harness.train.status RUN_DIR`` gives the
+stage and step.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ def external_launch_env() -> RankEnv | None:
     if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
         return RankEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
                        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        return _submitit_env()
     if "SLURM_NTASKS" in os.environ and "SLURM_PROCID" in os.environ and int(os.environ["SLURM_NTASKS"]) > 1:
         # srun without torchrun: MASTER_ADDR/PORT must come from the job script (see the README)
         os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
@@ -59,6 +72,22 @@ def external_launch_env() -> RankEnv | None:
     return None
 
 
+def _submitit_env() -> RankEnv | None:
+    """This task's rank env in a submitit job of several tasks (None for one task: it starts its own ranks)."""
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks <= 1:
+        return None
+    job = TorchDistributedEnvironment()
+    # the rendezvous address may come from the job's setup lines; the rank is submitit's
+    os.environ.setdefault("MASTER_ADDR", job.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(job.master_port))
+    os.environ.update(RANK=str(job.rank), WORLD_SIZE=str(job.world_size), LOCAL_RANK=str(job.local_rank),
+                      LOCAL_WORLD_SIZE=str(job.local_world_size))
+    return RankEnv(job.rank, job.world_size, job.local_rank)
+
+
 def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
     """Join the job's process group (gloo on CPU, NCCL on CUDA); nothing to do on one rank."""
     if not env.distributed or dist.is_initialized():
@@ -66,6 +95,9 @@ def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(env.local_rank)
+        # NCCL's watchdog aborts a collective that outlives the timeout and ends this process (torch elastic's
+        # agent sets the same; a plain srun launch does not): a lost peer never leaves a rank spinning on the GPU
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
 
 
@@ -81,7 +113,12 @@ def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> 
     ``nproc`` local processes are started with torch elastic; ``worker`` must be a module-level function
     and ``args`` picklable (the spawned ranks import it afresh).
     """
-    if external_launch_env() is not None or nproc == 1:
+    if external_launch_env() is not None:
+        # torchrun's agent reads a failed rank's exception (traceback and notes) from its error file
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(worker)(*args)
+    if nproc == 1:
         return worker(*args)
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 

@@ -4,14 +4,21 @@
 function every rank executes (the job itself on one rank, or each process torch elastic starts).
 A run directory belongs to one run: rerunning a complete run there is a no-op (so a rerun sweep
 resumes where it stopped), and a directory that holds a run with other settings is refused.
+
+A rank that fails (an exception, a signal, out of memory) ends the job: torch elastic's agent stops the
+other ranks and raises ``ChildFailedError``; :func:`run` turns it into :class:`RankFailed`, which names the
+first failed rank, how it failed, and the stage and step its status file (:mod:`harness.train.status`)
+last recorded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +33,25 @@ from harness.train.distributed import (
     launch,
 )
 from harness.train.metrics import write_json_atomic
+from harness.train.status import STATUS_DIR, describe, read_statuses
 from harness.train.trainer import EMBEDDED_TARGET, Trainer, pretrained_target_path
 
 
 class RunDirectoryInUse(ValueError):
     """The run directory holds a run with other settings."""
+
+
+class RankFailed(RuntimeError):
+    """A rank of the job failed (an exception, a signal, out of memory) and the job was stopped."""
+
+    def __init__(self, message: str, rank: int, exitcode: int, stage: str | None, step: int | None) -> None:
+        super().__init__(message)
+        self.rank, self.exitcode, self.stage, self.step = rank, exitcode, stage, step
+
+
+#: a failing rank waits this long before it closes its process group and exits, so that torch elastic's
+#: agent (polling every 0.5 s) sees it fail first, not a peer whose collective failed because of it
+FAILURE_GRACE_S = 2.0
 
 
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
@@ -81,11 +102,19 @@ def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> d
 
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
+    started = time.time()
     config = run_config_from_dict(config_dict)
     env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
+    trainer = None
     try:
-        summary = Trainer(config, run_dir, env, config_dict=config_dict).train()
+        trainer = Trainer(config, run_dir, env, config_dict=config_dict)
+        summary = trainer.train()
+    except BaseException as error:
+        if trainer is not None:
+            trainer.abort()
+        _rank_failed(error, env, run_dir, started, stopping=trainer is not None and trainer.stop_requested)
+        raise
     finally:
         destroy_process_group()
     if summary["status"] == "interrupted" and "TORCHELASTIC_RUN_ID" in os.environ:
@@ -95,6 +124,106 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
         sys.stderr.flush()
         os._exit(130)
     return summary
+
+
+def _rank_failed(error: BaseException, env: RankEnv, run_dir: str, started: float, stopping: bool) -> None:
+    """A rank's exception: note its stage and step on it and keep its traceback; on one of several ranks,
+    report it to the launcher and leave (never returns). ``stopping``: the rank was already told to stop,
+    so the launcher has seen another rank fail first."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return
+    failed_at = time.time()
+    statuses = read_statuses(run_dir, since=started)
+    status = statuses.get(env.rank)
+    error.add_note(f"batchlab: rank {env.rank} failed {describe(status)}")
+    path = Path(run_dir) / STATUS_DIR / f"rank{env.rank}.traceback"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(traceback.format_exception(error)))
+    headline = _headline(f"{type(error).__name__}: {error}")
+    write_json_atomic(path.with_suffix(".error.json"), {"error": headline, "time": failed_at, "status": status})
+    if not env.distributed:
+        return  # one process: Python's own error path (the caller re-raises)
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:  # what torch elastic's agent reports as this rank's failure
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(error)
+    # without an agent (srun, submitit) each rank's own output is the report: name a peer that failed first
+    earlier = [] if "TORCHELASTIC_RUN_ID" in os.environ else _earlier_failures(run_dir, env.rank, started, failed_at)
+    print(f"[rank {env.rank}] {headline} ({describe(status)}; traceback in {path})"
+          + "".join(f"; before it, rank {r} failed {describe(e['status'])}: {e['error']}" for r, e in earlier),
+          file=sys.stderr, flush=True)
+    if "TORCHELASTIC_RUN_ID" in os.environ and not stopping:
+        # The peers are blocked in a collective with this rank and fail once it exits. Wait first (a SIGTERM
+        # from the agent stopping this rank ends the wait), so that the agent sees this rank, the cause, fail
+        # first, not a peer that lost it.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(FAILURE_GRACE_S)
+    # Leave now: an orderly shutdown with a lost peer can block for good (destroying an NCCL communicator,
+    # joining DataLoader workers that ignore SIGTERM while the traceback keeps their loader alive).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _headline(message: str) -> str:
+    """The first line of an error message (gloo's carry the C++ frames after it)."""
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _earlier_failures(run_dir: str | Path, rank: int, started: float, before: float) -> list[tuple[int, dict]]:
+    """(rank, error record) of the other ranks of this run that failed before ``before``, first first."""
+    found = []
+    for path in (Path(run_dir) / STATUS_DIR).glob("rank*.error.json"):
+        try:
+            record = json.loads(path.read_text())
+            other = int(path.name[len("rank"):-len(".error.json")])
+        except (OSError, ValueError):
+            continue
+        if other != rank and started <= record["time"] <= before:
+            found.append((other, record))
+    return sorted(found, key=lambda item: item[1]["time"])
+
+
+def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = None,
+                      collective_timeout_s: int | None = None) -> RankFailed:
+    """:class:`RankFailed` from torch elastic's ``ChildFailedError``: the first failed rank, how it failed
+    (signal, exit code, exception), the stage and step of its status file, where the other ranks were."""
+    rank, failure = failed.get_first_failure()
+    statuses = read_statuses(run_dir, since=since)
+    status = statuses.get(rank)
+    if failure.exitcode < 0:
+        name = failure.signal_name()
+        how = f"was killed by signal {-failure.exitcode} ({name})"
+        if name == "SIGKILL":
+            how += (" (sent from outside the job, often by the kernel's out-of-memory killer: check `dmesg` or the "
+                    "job's memory limit; lower trainer.max_tokens or trainer.num_workers)")
+    else:
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        message = _headline(message)
+        how = f"exited with code {failure.exitcode}"
+        if message and not str(message).startswith("To enable traceback"):
+            how += f": {message}"
+        if "OutOfMemoryError" in str(message):
+            how += (" (out of memory: lower trainer.max_tokens, the micro-batch budget, and raise trainer.grad_accum "
+                    "to keep the global batch)")
+        elif collective_timeout_s is not None and "timed out" in str(message).lower():
+            how += (f" (a collective waited trainer.collective_timeout_s={collective_timeout_s} s for a rank that "
+                    "stopped answering: see where the other ranks were)")
+        traceback_file = Path(run_dir) / STATUS_DIR / f"rank{rank}.traceback"
+        if traceback_file.exists() and (since is None or traceback_file.stat().st_mtime >= since):
+            how += f" (traceback: {traceback_file})"  # this run's, not an earlier failure's
+    others = "; ".join(f"rank {r} {describe(s)}" for r, s in sorted(statuses.items()) if r != rank)
+    from harness.train.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(Path(run_dir))
+    resume = (f"the last checkpoint is {checkpoint}; run the same command with hydra.run.dir={run_dir} to resume "
+              "from it" if checkpoint is not None else "no checkpoint had been written yet")
+    message = (f"rank {rank} failed {describe(status)}: it {how}. The other ranks were stopped"
+               f"{f' ({others})' if others else ''}; {resume}")
+    return RankFailed(message, rank, failure.exitcode, status and status["stage"], status and status["step"])
 
 
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
@@ -120,9 +249,15 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
     if config.target.pretrained == EMBEDDED_TARGET:
         pretrained_target_path(config, progress=config.trainer.progress)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    started = time.time()
     try:
         return launch(run_rank, (config_dict, str(run_dir)), config.trainer.nproc,
                       run_id=f"batchlab-{os.getpid()}-{time.time_ns()}")
+    except ChildFailedError as failed:
+        raise rank_failed_error(failed, run_dir, since=started,
+                                collective_timeout_s=config.trainer.collective_timeout_s) from None
     except Interrupted:
         summary_path = run_dir / "summary.json"
         if summary_path.exists():

@@ -45,6 +45,7 @@ from harness.train.distributed import Collectives, RankEnv
 from harness.train.grad_stats import BucketNorms, GradientNoise, flat_grad, summing_comm_hook
 from harness.train.metrics import JsonlSink, MetricLogger, WandbSink, truncate_metrics
 from harness.train.schedule import TokenCosineSchedule
+from harness.train.status import RankStatus
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics
 
@@ -126,6 +127,10 @@ class Trainer:
         self.dtype = torch.bfloat16 if trainer.precision == "bf16" else torch.float32
         self.state = TrainState()
         self.stop_requested = False
+        # where this rank is (run_dir/status/): the launcher names the stage and step of a rank that died
+        self.status = RankStatus(self.run_dir, env.rank)
+        self._test_failure = _test_failure(env.rank)
+        self._stage("setup", 0)
         self._consumed_log_checked = False
         self._last_plan: Plan | None = None
         self._build_data()
@@ -293,6 +298,7 @@ class Trainer:
         iterator = iter(loader)
         try:
             for step in range(start_step, plan.num_steps):
+                self._stage("data_wait", self.state.global_step + 1)
                 started = time.perf_counter()
                 batches = [next(iterator).to(self.device) for _ in range(plan.grad_accum)]
                 yield step, batches, time.perf_counter() - started
@@ -312,6 +318,8 @@ class Trainer:
     def forward_backward_step(self, batch: TrainingBatch, global_weight: float, sync: bool) -> tuple[DrafterLoss, float, float]:
         """Target forward, drafter forward + backward of ``Σ(w·CE) / W``; returns the sums and the two stage times."""
         started = time.perf_counter()
+        step = self.state.global_step + 1
+        self._stage("target_forward", step)
         features = None
         if not batch.empty:
             features = self.target(batch.tokens, gdn_backend=self.config.trainer.gdn_backend,
@@ -320,8 +328,10 @@ class Trainer:
         target_done = time.perf_counter()
         no_sync = self.objective.no_sync() if (self.env.distributed and not sync) else contextlib.nullcontext()
         with no_sync:
+            self._stage("drafter_forward", step)
             with self._autocast():
                 sums = self.objective(batch, features)
+            self._stage("drafter_backward", step)  # with DDP's gradient all-reduce on the last micro-batch
             (sums.weighted_ce_sum / global_weight).backward()
         self._sync()
         return sums.detach(), target_done - started, time.perf_counter() - target_done
@@ -329,6 +339,7 @@ class Trainer:
     def train_step(self, batches: list[TrainingBatch], data_wait: float, measure_grads: bool) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches; returns the step's record (global metrics)."""
         started = time.perf_counter() - data_wait
+        self._stage("weight_all_reduce", self.state.global_step + 1)
         local_weight = sum(b.weight_sum for b in batches)
         weight = float(self.comm.all_reduce_sum(torch.tensor([local_weight], dtype=torch.float64))[0])
         global_weight = weight if weight > 0 else 1.0
@@ -355,6 +366,7 @@ class Trainer:
                     small_mean_sq += norm_sq * (weight / batch.weight_sum) ** 2
                     small_count += 1
         grad_stats: dict[str, float] = {}
+        self._stage("optimizer", self.state.global_step + 1)  # gradient statistics, clipping, metrics gather, step
         if measure_ranks:
             local_sq, big_sq = self.bucket_norms.stop()
             mean_sq = local_sq * (weight / local_weight) ** 2 if local_weight > 0 else 0.0
@@ -453,6 +465,7 @@ class Trainer:
         """Held-out loss, accuracy per position and τ: one fixed padded plan, fixed anchors, every rank a share."""
         if self.eval_plan is None:
             return {}
+        self._stage("eval", self.state.global_step)
         total = None
         dataset = RankMicroBatches(self.eval_plan, self.env.rank, 0, self.heldout_rows, self.eval_collate,
                                    anchor_epoch=0)
@@ -538,6 +551,7 @@ class Trainer:
     def save(self, consumed: np.ndarray) -> None:
         # every rank holds the same drafter and optimizer state; the consumed counts are summed over ranks
         # (a resumed run gives them to rank 0, so the sum over ranks is the same again)
+        self._stage("checkpoint", self.state.global_step)
         everyone = self.comm.all_reduce_sum(torch.from_numpy(consumed.copy())).numpy()
         state = self.checkpoint_state(everyone)
         if self.env.is_main:
@@ -607,13 +621,29 @@ class Trainer:
             )
 
     # ------------------------------------------------------------------ the loop
+    def _stage(self, name: str, step: int) -> None:
+        """This rank enters stage ``name`` of optimizer step ``step`` (its status file; the test failure hook)."""
+        self.status.stage(name, step)
+        if self._test_failure is not None and self._test_failure[:2] == (step, name):
+            _fail_for_test(self._test_failure[2], self.env.rank, name, step)
+
     def _install_signal_handlers(self) -> None:
         def request_stop(signum: int, frame: Any) -> None:  # noqa: ARG001
             self.stop_requested = True
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # a submitit job (hydra/launcher=slurm) is warned by SIGUSR2 before its time limit (signal_delay_s)
+        submitit = (signal.SIGUSR2,) if os.environ.get("SUBMITIT_EXECUTOR") else ()
+        for sig in (signal.SIGTERM, signal.SIGINT, *submitit):
             with contextlib.suppress(ValueError):  # not the main thread
                 signal.signal(sig, request_stop)
+
+    def abort(self) -> None:
+        """After a failure: shut the epoch's DataLoader workers down (they ignore SIGTERM: a process exiting
+        with them alive would wait for them for good) and close the status file."""
+        batches = getattr(self, "_epoch_batches", None)
+        if batches is not None:
+            batches.close()
+        self.status.close()
 
     def _done(self) -> bool:
         return self.state.tokens_seen >= self.total_tokens
@@ -636,7 +666,7 @@ class Trainer:
             # a re-planned rest of an epoch (elastic resume) logged its epoch's plan metrics before
             epoch_record = self._plan_record(plan) if state.step_in_epoch == 0 and state.replanned_from is None else {}
             consumed_log = self._consumed_log()
-            epoch_batches = self.batch_generator(plan, state.step_in_epoch)
+            epoch_batches = self._epoch_batches = self.batch_generator(plan, state.step_in_epoch)
             for step, batches, data_wait in epoch_batches:
                 measure = (state.global_step + 1) % trainer.grad_stats_every == 0
                 step_started = time.perf_counter()
@@ -693,9 +723,12 @@ class Trainer:
         summary = self._summary(interrupted, time.perf_counter() - wall_started, consumed)
         self.logger.summary(summary)
         self.logger.close()
+        self._stage("done", self.state.global_step)
+        self.status.close()
         return summary
 
     def _epoch_exactly_once(self, plan: Plan, consumed: np.ndarray) -> bool:
+        self._stage("epoch_end", self.state.global_step)
         counts = self.comm.all_reduce_sum(torch.from_numpy(consumed.copy())).numpy()
         expected = np.zeros_like(counts)
         expected[self.train_rows[plan.kept_indices()]] = 1
@@ -816,3 +849,40 @@ def _peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+#: tests only: ``RANK:STEP:STAGE:MODE`` makes that rank fail on entering that stage of that step, MODE being
+#: ``kill`` (SIGKILL, as the kernel's out-of-memory killer does), ``raise`` (a Python exception), ``oom``
+#: (``torch.OutOfMemoryError``, as CUDA raises it) or ``hang`` (stop answering the collectives)
+TEST_FAIL_ENV = "BATCHLAB_TEST_FAIL"
+_TEST_FAIL_MODES = ("kill", "raise", "oom", "hang")
+
+
+def _test_failure(rank: int) -> tuple[int, str, str] | None:
+    """``(step, stage, mode)`` of ``BATCHLAB_TEST_FAIL`` when it names this rank, else None."""
+    value = os.environ.get(TEST_FAIL_ENV)
+    if not value:
+        return None
+    try:
+        fail_rank, step, stage, mode = value.split(":")
+        fail_rank, step = int(fail_rank), int(step)
+    except ValueError:
+        raise ValueError(
+            f"{TEST_FAIL_ENV}={value!r}: expected RANK:STEP:STAGE:MODE, e.g. 1:3:drafter_backward:kill") from None
+    if mode not in _TEST_FAIL_MODES:
+        raise ValueError(f"{TEST_FAIL_ENV}={value!r}: MODE must be one of {', '.join(_TEST_FAIL_MODES)}")
+    return (step, stage, mode) if fail_rank == rank else None
+
+
+def _fail_for_test(mode: str, rank: int, stage: str, step: int) -> None:
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "oom":
+        raise torch.OutOfMemoryError(f"{TEST_FAIL_ENV}: simulated out of memory on rank {rank}")
+    if mode == "hang":
+        # stuck outside any collective: the others' collective timeout ends the job. (A rank stuck in C code
+        # outlives the agent's SIGTERM and is SIGKILLed 30 s later; this one dies of it, to keep tests short.)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            time.sleep(1.0)
+    raise RuntimeError(f"{TEST_FAIL_ENV}: simulated failure of rank {rank} in stage {stage!r} of step {step}")

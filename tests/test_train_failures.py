@@ -113,7 +113,7 @@ def test_hung_rank_ends_the_job_at_the_collective_timeout(tmp_path, batchlab_cac
     # the 4 s timeout, then the agent stops the stuck rank (the test hook lets SIGTERM end it)
     assert time.time() - hung_at < 4 + BOUND_S and hung_at > started
     message = _message(result)
-    assert message.startswith(f"batchlab-train: rank 0 failed in stage "), message
+    assert message.startswith("batchlab-train: rank 0 failed in stage "), message
     assert f"of step {FAIL_STEP}" in message and "trainer.collective_timeout_s=4" in message
     assert f"rank 1 in stage 'data_wait' of step {FAIL_STEP}" in message  # the one that stopped answering
 
@@ -123,8 +123,8 @@ def test_exception_on_one_rank_with_dataloader_workers_exits(tmp_path, batchlab_
     keep it waiting at interpreter exit."""
     run_dir = tmp_path / "run"
     result = train_cli([*ARGS, "trainer.nproc=1", "trainer.num_workers=1", "trainer.stop_tokens=6000",
-                        f"hydra.run.dir={run_dir}"], cwd=tmp_path, env_extra={TEST_FAIL_ENV: "0:3:drafter_forward:raise"},
-                       timeout=120)
+                        f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
+                       env_extra={TEST_FAIL_ENV: "0:3:drafter_forward:raise"})
     assert result.returncode == 1, result.stderr[-4000:]
     assert f"RuntimeError: {TEST_FAIL_ENV}: simulated failure of rank 0" in result.stderr
     assert "batchlab: rank 0 failed in stage 'drafter_forward' of step 3" in result.stderr  # the note on the error

@@ -1,4 +1,4 @@
-"""Cluster launch through hydra-submitit-launcher: `hydra/launcher=slurm` and a real run through submitit's local launcher."""
+"""Cluster launch through hydra-submitit-launcher: `hydra/launcher=slurm`, and real runs through submitit_local."""
 
 from __future__ import annotations
 

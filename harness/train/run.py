@@ -239,8 +239,8 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
             how += (f" (a collective waited trainer.collective_timeout_s={collective_timeout_s} s for a rank that "
                     "stopped answering: see where the other ranks were)")
         traceback_file = Path(run_dir) / STATUS_DIR / f"rank{rank}.traceback"
-        if traceback_file.exists():
-            how += f" (traceback: {traceback_file})"
+        if traceback_file.exists() and (since is None or traceback_file.stat().st_mtime >= since):
+            how += f" (traceback: {traceback_file})"  # this run's, not an earlier failure's
     others = "; ".join(f"rank {r} {describe(s)}" for r, s in sorted(statuses.items()) if r != rank)
     from harness.train.checkpoint import latest_checkpoint
 

@@ -19,6 +19,7 @@ import os
 import struct
 import time
 from pathlib import Path
+from typing import Self
 
 STATUS_DIR = "status"
 _MAGIC = b"BLST"
@@ -65,7 +66,7 @@ class RankStatus:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> RankStatus:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

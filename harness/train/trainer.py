@@ -886,7 +886,8 @@ def _test_failure(rank: int) -> tuple[int, str, str] | None:
         fail_rank, step, stage, mode = value.split(":")
         fail_rank, step = int(fail_rank), int(step)
     except ValueError:
-        raise ValueError(f"{TEST_FAIL_ENV}={value!r}: expected RANK:STEP:STAGE:MODE, e.g. 1:3:drafter_backward:kill") from None
+        raise ValueError(
+            f"{TEST_FAIL_ENV}={value!r}: expected RANK:STEP:STAGE:MODE, e.g. 1:3:drafter_backward:kill") from None
     if mode not in _TEST_FAIL_MODES:
         raise ValueError(f"{TEST_FAIL_ENV}={value!r}: MODE must be one of {', '.join(_TEST_FAIL_MODES)}")
     return (step, stage, mode) if fail_rank == rank else None

@@ -191,9 +191,11 @@ def test_empty_micro_batches_cross_the_link(tmp_path, batchlab_cache):
         assert _close(have["loss"], want["loss"]) and _close(have["grad_norm"], want["grad_norm"]), (want, have)
 
 
-# 1.2 epochs; the drafter's steps slowed down so that the stop lands mid-run however loaded the machine is
+# 1.2 epochs; the stopped run's drafter steps are slowed down (a runtime setting: it may differ on resume)
+# so that the stop lands mid-run however loaded the machine is
 RESUME = [*SMALL, *DISAGGREGATED, "trainer.stop_tokens=20000", "trainer.eval_every_tokens=8000",
-          "trainer.eval_real_prompts=0", "trainer.checkpoint_every_steps=3", "topology.drafter_delay_s=0.15"]
+          "trainer.eval_real_prompts=0", "trainer.checkpoint_every_steps=3"]
+SLOWED = ["topology.drafter_delay_s=0.15"]
 
 
 def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp_path, batchlab_cache):
@@ -206,7 +208,8 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = tmp_path / "stopped.log"
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, f"hydra.run.dir={stopped}"],
+        process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, *SLOWED,
+                                    f"hydra.run.dir={stopped}"],
                                    cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 90

@@ -58,7 +58,8 @@ FAILURE_GRACE_S = 2.0
 
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
 RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_factor", "trainer.resume",
-                "trainer.collective_timeout_s", "trainer.record_consumed", "trainer.threads_per_rank", "logger.")
+                "trainer.collective_timeout_s", "trainer.record_consumed", "trainer.threads_per_rank", "logger.",
+                "topology.peer_timeout_s", "topology.drafter_delay_s")
 #: settings that lay the same samples out on other ranks / micro-steps: they may differ on resume (elastic
 #: resume; the checkpoint's plan fingerprint decides, and the rest of its epoch is re-planned)
 LAYOUT_KEYS = ("trainer.nproc", "trainer.grad_accum")

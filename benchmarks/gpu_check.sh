@@ -2,7 +2,8 @@
 # GPU checks of the models on a CUDA machine that already has torch, triton and transformers:
 # the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA, the drafter's FlexAttention
 # path vs its dense one), batchlab-check in fp32, TF32 and bf16, the target's forward throughput
-# per layout in bf16, and a 200-step bf16 training run (when hydra-core and datasets are there). Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
+# per layout in bf16, a 200-step bf16 training run and the reference run's shape shrunk to one period
+# of layers (when hydra-core and datasets are there). Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
 #
@@ -74,8 +75,24 @@ try:
 except (OSError, ValueError, KeyError) as err:
     print(f"bf16 training: did not finish ({err}); see train_bf16.log")
 PY
+  # The reference run's shape (experiment=reference_8gpu: 27B-class target, 5-layer drafter, block 16,
+  # max_tokens 16384) shrunk to one period of layers (3 GDN + 1 attention), colocated on this one GPU.
+  step "reference_8gpu shrunk to one period, 1 GPU, bf16"
+  timeout "${limit:-300}" "$py" -m harness.cli.train experiment=reference_8gpu topology=colocated trainer.nproc=1 \
+    target.num_hidden_layers=4 trainer.stop_tokens=150000 trainer.eval_every_tokens=150000 \
+    trainer.eval_real_prompts=0 trainer.num_workers=2 logger=none trainer.progress=false \
+    "hydra.run.dir=$out/reference-1gpu" > "$out/reference_1gpu.log" 2>&1 || status=1
+  "$py" - "$out/reference-1gpu/summary.json" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+try:
+    s = json.load(open(sys.argv[1]))
+    print(f"reference shape, one period: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, "
+          f"peak {s['peak_memory_mb']:.0f} MB, padding {s['padding_ratio']:.3f}, final loss {s['final_loss']:.4f}")
+except (OSError, ValueError, KeyError) as err:
+    print(f"reference shape: did not finish ({err}); see reference_1gpu.log")
+PY
 else
-  echo "bf16 training run skipped: hydra-core, datasets, tokenizers or wandb is not installed here (carry their wheels in WHEELS)" | tee -a "$out/summary.txt"
+  echo "bf16 training runs skipped: hydra-core, datasets, tokenizers or wandb is not installed here (carry their wheels in WHEELS)" | tee -a "$out/summary.txt"
 fi
 step "done, status $status"
 exit $status

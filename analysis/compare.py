@@ -15,6 +15,9 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``):
 - ``final_eval_loss`` / ``final_eval_tau`` = the last held-out evaluation.
 - ``tokens_to_loss`` = tokens seen at the first evaluation whose held-out loss is ≤ the target loss
   (by default the worst final held-out loss of all runs, so that every run reaches it).
+- ``target_busy_pct`` / ``drafter_idle_pct`` (``topology=disaggregated`` runs only; the table shows them
+  when some run has them) = 100 · the mean over steps and target ranks of the target ranks' busy
+  fraction / of the drafter ranks' time waiting for features: which stage bounds the run.
 
 Across seeds (:func:`compare_final`): strategies are paired by seed against the best one; paired
 t-test (two-sided) and its 95 % interval, plus a bootstrap interval of the mean paired difference.
@@ -49,7 +52,11 @@ TABLE_COLUMNS = {
     "final_eval_tau": ("τ", "{:.3f}"),
     "final_eval_tau_real": ("τ real", "{:.3f}"),
     "tokens_to_loss": ("tokens to target loss", "{:.0f}"),
+    "target_busy_pct": ("target busy %", "{:.0f}"),
+    "drafter_idle_pct": ("drafter idle %", "{:.0f}"),
 }
+#: columns shown only when some run has them (the stages of ``topology=disaggregated`` runs)
+STAGE_COLUMNS = ("target_busy_pct", "drafter_idle_pct")
 
 
 # ---------------------------------------------------------------- per run
@@ -77,6 +84,19 @@ def default_target_loss(steps: pd.DataFrame) -> float:
     finals = [_last_eval(h, "eval_loss") for _, h in steps.groupby("run")]
     finals = [f for f in finals if math.isfinite(f)]
     return max(finals) if finals else math.nan
+
+
+def _stage_means(history: pd.DataFrame) -> tuple[float, float]:
+    """``(target busy %, drafter idle %)`` of a disaggregated run: the mean over steps and target ranks of
+    ``topology_target_busy_fraction``, and the steps' mean ``topology_drafter_idle_fraction``; NaN for
+    colocated runs. Busy targets and an idle drafter mean the targets bound the run; the reverse, the drafter."""
+    busy: list[float] = []
+    if "topology_target_busy_fraction" in history.columns:
+        for values in history["topology_target_busy_fraction"]:
+            if isinstance(values, list):
+                busy.extend(float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v))
+    target_busy = 100.0 * float(np.mean(busy)) if busy else math.nan
+    return target_busy, 100.0 * _mean_of(history, "topology_drafter_idle_fraction")
 
 
 def _last_eval(history: pd.DataFrame, column: str) -> float:
@@ -112,6 +132,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             noise = _finite(measured["grad_noise_scale"]) if "grad_noise_scale" in measured.columns else pd.Series([])
         else:
             diversity = noise = pd.Series([], dtype=float)
+        target_busy, drafter_idle = _stage_means(history)
         rows.append({
             "run": run.run, "strategy": run.strategy, "seed": int(run.seed), "steps": int(len(history)),
             "tokens_seen": int(history["tokens_seen"].iloc[-1]),
@@ -129,6 +150,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "final_eval_tau_real": _last_eval(history, "eval_tau_real"),
             "target_loss": target,
             "tokens_to_loss": tokens_to_reach(history, target),
+            "target_busy_pct": target_busy, "drafter_idle_pct": drafter_idle,
         })
     frame = pd.DataFrame(rows)
     frame["relative_throughput"], frame.attrs["reference"] = relative_throughput(frame)
@@ -170,6 +192,8 @@ def format_table(table: pd.DataFrame) -> pd.DataFrame:
     """The table as strings, ``mean ± sd`` (``—`` where undefined, ``not reached (k/n)`` for the token target)."""
     out = pd.DataFrame({"strategy": table["strategy"], "seeds": table["seeds"].astype(str)})
     for column, (heading, fmt) in TABLE_COLUMNS.items():
+        if column in STAGE_COLUMNS and not np.isfinite(table[column].astype(float)).any():
+            continue  # colocated runs: no stages to show
         cells = []
         for row in table.itertuples(index=False):
             mean, sd, n = getattr(row, column), getattr(row, f"{column}_sd"), getattr(row, f"{column}_n")

@@ -133,3 +133,31 @@ def test_fewer_than_three_seeds_ranks_nothing():
     lines = summary_sentences(table, loss, tau)
     assert lines[0].startswith("packed has the highest throughput") and "1.50× sorted" in lines[0]
     assert "too few seeds" in lines[1]
+
+
+def test_disaggregated_runs_show_which_stage_bounds_them(report, tmp_path):
+    """The stage columns come from the topology metrics of disaggregated runs, and stay out of colocated tables."""
+    from analysis.compare import format_table, run_metrics
+    from analysis.load import load_sweeps
+
+    sweep_dir = support.tiny_sweep(tmp_path / "unused")
+    colocated = format_table(strategy_table(run_metrics(load_sweeps([sweep_dir]))))
+    assert "target busy %" not in colocated.columns and "drafter idle %" not in colocated.columns
+    copy = support.copy_sweep(sweep_dir, tmp_path / "copy", runs={"strategy=packed,seed=0", "strategy=packed,seed=1"})
+    expected = {}
+    for seed, directory in enumerate(support.run_dirs(copy)):
+        steps = support.read_jsonl(directory / "metrics.jsonl")
+        busy, idle = [], []
+        for i, step in enumerate(steps):
+            step["topology_target_busy_fraction"] = [0.5 + 0.01 * i, None if i % 3 == 0 else 0.9 - 0.1 * seed]
+            step["topology_drafter_idle_fraction"] = 0.02 * seed + 0.001 * i
+            busy += [v for v in step["topology_target_busy_fraction"] if v is not None]
+            idle.append(step["topology_drafter_idle_fraction"])
+        (directory / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+        expected[json.loads((directory / "summary.json").read_text())["seed"]] = (100 * np.mean(busy), 100 * np.mean(idle))
+    per_run = run_metrics(load_sweeps([copy])).set_index("seed")
+    for seed, (busy, idle) in expected.items():
+        assert per_run.loc[seed, "target_busy_pct"] == pytest.approx(busy, rel=1e-12)
+        assert per_run.loc[seed, "drafter_idle_pct"] == pytest.approx(idle, rel=1e-12)
+    table = format_table(strategy_table(per_run.reset_index()))
+    assert table.loc[0, "target busy %"].startswith(f"{np.mean([b for b, _ in expected.values()]):.0f}")

@@ -4,7 +4,6 @@ fast, cached; the budget-aware objective matches brute force and real plans; inp
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from fractions import Fraction
 

@@ -15,11 +15,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from train_support import compose_config, read_jsonl, train_cli
+from train_support import compose_config, read_jsonl, signal_after_steps, train_cli
 
 from harness.train.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths
 from harness.train.run import RunDirectoryInUse, config_differences, run
@@ -38,17 +37,7 @@ def _stop_mid_epoch(run_dir, cwd, extra, after_steps, sig):
     process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *ARGS, *extra, f"hydra.run.dir={run_dir}"],
                                cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    deadline = time.time() + 240
-    try:
-        while time.time() < deadline:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
-                break
-            assert process.poll() is None, "the run ended before it could be stopped"
-            time.sleep(0.05)
-        os.killpg(process.pid, sig)
-    finally:
-        process.wait(timeout=60)
+    signal_after_steps(process, run_dir, after_steps, sig)
     if sig == signal.SIGTERM:
         assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     else:

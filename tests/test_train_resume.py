@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from train_support import compose_config, read_jsonl, train_cli
+from train_support import compose_config, read_jsonl, signal_after_steps, train_cli
 
 from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
 from harness.train.run import RunDirectoryInUse, run
@@ -40,19 +40,7 @@ def reference(tmp_path_factory, batchlab_cache):
 
 def _stop_mid_run(run_dir, cwd, sig, after_steps=10):
     """Start the run and send ``sig`` to its whole process group (launcher and ranks) after some steps."""
-    process = _launch(run_dir, cwd)
-    deadline = time.time() + 240
-    try:
-        while time.time() < deadline:
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
-                break
-            assert process.poll() is None, "the run ended before it could be stopped"
-            time.sleep(0.05)
-        os.killpg(process.pid, sig)
-    finally:
-        returncode = process.wait(timeout=60)
-    return returncode
+    return signal_after_steps(_launch(run_dir, cwd), run_dir, after_steps, sig)
 
 
 def _assert_same_run(reference, run_dir):

@@ -24,5 +24,24 @@ def train_cli(args, cwd, timeout=300, env_extra=None):
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def signal_after_steps(process, run_dir, after_steps, sig, deadline_s=240, wait_s=60):
+    """Wait until ``RUN_DIR/metrics.jsonl`` holds ``after_steps`` steps, send ``sig`` to the started run's whole
+    process group (launcher and ranks; start it with ``start_new_session=True``); its exit code."""
+    import time
+
+    deadline = time.time() + deadline_s
+    try:
+        while time.time() < deadline:
+            metrics = Path(run_dir) / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
+                break
+            assert process.poll() is None, "the run ended before it could be stopped"
+            time.sleep(0.05)
+        os.killpg(process.pid, sig)
+    finally:
+        returncode = process.wait(timeout=wait_s)
+    return returncode
+
+
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -81,17 +81,23 @@ class Strategy:
             oversize: ``"error"``, ``"truncate"`` or ``"drop"`` for samples longer than max_tokens.
             balance: None, a :class:`RankBalance`, or a mapping of its fields.
         """
-        budget = coerce_budget(budget)
-        self.check_budget(budget)
-        world_size, grad_accum, seed, epoch = check_run_shape(world_size, grad_accum, seed, epoch)
-        check_oversize_policy(oversize)
-        balance = RankBalance.coerce(balance)
-        prepared = prepare_lengths(lengths, budget, oversize)
+        budget, seed, epoch, world_size, grad_accum, balance, prepared = self.checked_inputs(
+            lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)
         micro = self.micro_batches(prepared, budget, seed, epoch, world_size * grad_accum)
         micro.info["options"] = self.options()
         return assemble(
             self.name, self.layout, prepared, micro, budget, seed, epoch, world_size, grad_accum, balance, oversize
         )
+
+    def checked_inputs(self, lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance):
+        """The arguments of :meth:`plan` validated and coerced: ``(budget, seed, epoch, world_size,
+        grad_accum, balance, prepared lengths)`` (also what ``plan_remainder`` checks first)."""
+        budget = coerce_budget(budget)
+        self.check_budget(budget)
+        world_size, grad_accum, seed, epoch = check_run_shape(world_size, grad_accum, seed, epoch)
+        check_oversize_policy(oversize)
+        balance = RankBalance.coerce(balance)
+        return budget, seed, epoch, world_size, grad_accum, balance, prepare_lengths(lengths, budget, oversize)
 
     def check_budget(self, budget: Budget) -> None:
         """Refuse budgets the strategy cannot plan (none by default)."""

@@ -26,7 +26,6 @@ from .balance import RankBalance
 from .builtin import Strategy
 from .epoch_plan import Budget, Plan
 from .registry import resolve_strategy
-from .validate import check_oversize_policy, check_run_shape, coerce_budget, prepare_lengths
 
 
 def consumed_mask(consumed: Any, size: int) -> np.ndarray:
@@ -86,12 +85,8 @@ def plan_remainder(
         one. An epoch with nothing left gives a plan of zero steps.
     """
     chosen = resolve_strategy(strategy, **strategy_options)
-    budget = coerce_budget(budget)
-    chosen.check_budget(budget)
-    world_size, grad_accum, seed, epoch = check_run_shape(world_size, grad_accum, seed, epoch)
-    check_oversize_policy(oversize)
-    balance = RankBalance.coerce(balance)
-    prepared = prepare_lengths(lengths, budget, oversize)
+    budget, seed, epoch, world_size, grad_accum, balance, prepared = chosen.checked_inputs(
+        lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)
     done = consumed_mask(consumed, prepared.lengths.size)
     if done[prepared.dropped].any():
         index = int(prepared.dropped[done[prepared.dropped]][0])

@@ -5,7 +5,7 @@
     batchlab-train experiment=smoke strategy=bucketed trainer.nproc=2
 
 The config is composed from ``conf/`` (typed by :mod:`harness.train.config`), resolved once, and
-handed to :func:`harness.train.trainer.run`, which starts the job's ranks itself. Each run writes into
+handed to :func:`harness.train.run.run`, which starts the job's ranks itself. Each run writes into
 Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, ``summary.json``,
 ``checkpoints/`` and the offline W&B run under ``wandb/``.
 """

@@ -2,12 +2,13 @@
 
 SpecForge (``scripts/regenerate_train_data.py``) and vLLM speculators (``response_regeneration``)
 regenerate the responses of the training prompts with the target before training a drafter, so that
-the drafter learns the target's own distribution rather than the dataset's (docs/design.md §9).
-This does the same for batchlab's samples: every row keeps its prompt (the leading
-``loss_mask == 0`` tokens) and gets the target's continuation, greedy (``--temperature 0``, the
-default) or sampled, as long as the original completion (capped by ``--max-new-tokens``) or until
-``--eos-id``. Rows keep their order and count, so :func:`~harness.data.samples.heldout_split` holds
-out the same rows (the same prompts) as on the source; a row without a prompt is copied unchanged.
+the drafter learns the target's own distribution rather than the dataset's (docs/design.md §11,
+"Target and acceptance"). This does the same for batchlab's samples: every row keeps its prompt (the
+leading ``loss_mask == 0`` tokens) and gets the target's continuation, greedy (``--temperature 0``,
+the default) or sampled, as long as the original completion (capped by ``--max-new-tokens``) or
+until ``--eos-id``. Rows keep their order and count, so :func:`~harness.data.samples.heldout_split`
+holds out the same rows (the same prompts) as on the source; a row without a prompt is copied
+unchanged.
 
 The result is a ``save_to_disk`` dataset (``input_ids`` = prompt + regenerated completion,
 ``loss_mask`` over the completion) cached under the batchlab cache directory by a hash of the data
@@ -15,8 +16,9 @@ fingerprint, the target (checkpoint files, or config and init seed) and the sett
 with ``batchlab-train data.source=<printed directory>``.
 
 Decoding runs transformers' ``Qwen3_5ForCausalLM.generate`` on the target's weights (KV and
-recurrent caches; ``--decoder recompute``: a full :class:`HybridTarget` forward per token), a batch
-of rows at a time, rows of similar length together (the decoder is part of the cache key).
+recurrent caches; ``--decoder recompute``: a full :class:`~harness.models.target.HybridTarget`
+forward per token), a batch of rows at a time, rows of similar length together (the decoder is part
+of the cache key).
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def decode_rows(
 
     ``decoder="hf"``: transformers' ``Qwen3_5ForCausalLM.generate`` on the target's weights (the
     state dict loads without renaming), left-padded batches with its KV / recurrent cache;
-    ``"recompute"``: one full :class:`HybridTarget` forward per token (no cache, slower). Both give the
-    target's greedy tokens (tests compare them with :func:`~harness.eval.speculative.greedy_decode`).
+    ``"recompute"``: one full :class:`~harness.models.target.HybridTarget` forward per token (no
+    cache, slower). Both give the target's greedy tokens (tests compare them with
+    :func:`~harness.eval.speculative.greedy_decode`).
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder={decoder!r}: choose one of {list(DECODERS)}")

@@ -2,18 +2,19 @@
 
 Teacher-forced τ (training's ``eval_tau``) scores drafts against the dataset's tokens; what a
 speculative decoder gains is measured against the *target's own* continuation, by decoding
-(docs/design.md §4, §9). One decoding round, for a sequence ``x_0 .. x_t`` whose newest token
-``x_t`` sits at position ``t``:
+(docs/design.md §11, "Target and acceptance"). One decoding round, for a sequence ``x_0 .. x_t``
+whose newest token ``x_t`` sits at position ``t``:
 
 1. **Draft.** ``x_t`` anchors one drafter block: the block input is ``[x_t, MASK x (B-1)]`` at
    positions ``t .. t+B-1``, and the block sees the target's context features of positions ``< t``
-   only — training's visibility rule (:func:`harness.models.anchors.context_visible`), so the drafter
-   runs exactly as in training, through :meth:`DFlashDrafter.forward` with ``anchors=[[t]]``. The
-   drafter's document is the sequence followed by ``B - 1`` placeholder tokens (:data:`PLACEHOLDER_ID`),
+   only — training's visibility rule (:func:`harness.models.anchors.context_visible`), so the
+   drafter runs exactly as in training, through
+   :meth:`~harness.models.drafter.DFlashDrafter.forward` with ``anchors=[[t]]``. The drafter's
+   document is the sequence followed by ``B - 1`` placeholder tokens (:data:`PLACEHOLDER_ID`),
    because a given anchor must leave a label position inside its document (``a <= length - 2``);
    placeholders and the features at positions ``>= t`` are never visible to the block (test), and
-   those features are passed as zeros. Slot ``k`` of the block predicts the token at ``t + k``:
-   the drafts ``d_1 .. d_{B-1}`` are the argmax of slots ``1 .. B-1``.
+   those features are passed as zeros. Slot ``k`` of the block predicts the token at ``t + k``: the
+   drafts ``d_1 .. d_{B-1}`` are the argmax of slots ``1 .. B-1``.
 2. **Verify.** ONE target forward over ``x_0 .. x_t, d_1 .. d_{B-1}`` gives the target's greedy
    tokens ``g_1 .. g_B`` after positions ``t .. t+B-1``. The longest prefix of drafts with
    ``d_k == g_k`` (``n`` drafts) is accepted, plus the target's own next token ``g_{n+1}``: the round

@@ -23,9 +23,10 @@ back through ``HybridTarget.from_pretrained``), the completion-only loss, and th
 the training tokens' unigram distribution, the level a model that ignores context reaches.
 
 Implementations (``PretrainConfig.implementation``, measured side by side by
-``benchmarks/pretrain_speed.py``): ``batchlab`` (default; :class:`HybridTarget` with gradients on
-packed rows, documents exactly isolated) or ``transformers`` (``Qwen3_5ForCausalLM``'s torch fallback
-on length-sorted padded batches).
+``benchmarks/pretrain_speed.py``, results in ``benchmarks/RESULTS.md``): ``batchlab`` (default;
+:class:`~harness.models.target.HybridTarget` with gradients on packed rows, documents exactly
+isolated) or ``transformers`` (``Qwen3_5ForCausalLM``'s torch fallback on length-sorted padded
+batches).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ query attention: the query head count a multiple of the key/value head count) an
   kernel. Any other padding (left padding, holes) gets an explicit causal-and-key-padding mask; pad
   queries are also allowed to see themselves so that no softmax row is empty (their outputs are
   never read by a real token).
-* Packed rows (``cu_seqlens``): never a dense T x T mask (docs/design.md section 8: 0.7 s against 0.025 s
-  per document on 11.8K tokens). The backends:
+* Packed rows (``cu_seqlens``): never a dense T x T mask, whose cost grows with the square of the row
+  while per-document attention grows with each document's (docs/design.md §8). The backends:
 
   - ``sdpa`` (CPU default): causal SDPA on each document's slice of the row, one call per document
     (slices are views: nothing is copied or padded).
@@ -108,7 +108,8 @@ def _sdpa_bhld(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float |
     """SDPA on ``[N, L, H, D]`` tensors (GQA expanded here), causal unless a mask is given; returns ``[N, L, Hq, D]``."""
     groups = q.shape[2] // k.shape[2]
     if groups > 1:
-        # Repeat K/V heads rather than SDPA's enable_gqa: that needs torch >= 2.5 and measured no faster on CPU.
+        # Repeat K/V heads rather than SDPA's enable_gqa: that needs torch >= 2.5 and gains nothing on CPU
+        # (docs/design.md §8).
         k = k.repeat_interleave(groups, dim=2)
         v = v.repeat_interleave(groups, dim=2)
     out = F.scaled_dot_product_attention(
@@ -145,9 +146,8 @@ def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docume
     """Causal SDPA over each document of a packed ``[T, H, D]`` row, one call per document.
 
     A Python loop over documents: each document is a view of the row, so nothing is gathered or
-    padded. Measured on 2 CPU cores, this loop matched or beat gathering documents of similar length
-    into padded sub-batches (24 documents / 12K tokens and 110 documents / 13.5K tokens): the gather
-    copies cost as much as the attention itself at these head sizes.
+    padded. Gathering documents of similar length into padded sub-batches would save calls but copy
+    about as much as the attention itself computes at these head sizes (docs/design.md §8).
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # expand K/V heads once for the whole row rather than once per document

@@ -10,7 +10,8 @@ One op, :func:`gated_delta_rule`, with the argument names and layout of flash-li
 * ``torch-recurrent``: the token-by-token recurrence, the oracle for tests.
 * ``fla``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (Triton, CUDA only).
 
-Math (per value head; the state S is K x V), see docs/design.md section 7::
+Math (per value head; the state S is K x V; why per-document resets make packing exact:
+docs/design.md §7)::
 
     q <- l2norm(q) * scale, k <- l2norm(k)      (l2norm only with use_qk_l2norm_in_kernel)
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
@@ -269,8 +270,10 @@ def gated_delta_rule(
 def default_chunk_size(key_dim: int) -> int:
     """Chunk length of the torch-chunk backend for a key head dim: ``key_dim // 2`` within [16, 64].
 
-    Per chunk the backend pays a C x C triangular solve and C x K products; measured on CPU (one
-    thread) the fastest chunk was 16 for head dim 16, 32 for 64 and 64 for 128.
+    Per chunk the backend pays a C x C triangular solve and C x K products, and the state moves from
+    chunk to chunk through K x K and K x V products: a longer chunk makes the solve dearer per token
+    and the state updates cheaper, which pays more as K grows (the fastest chunks measured:
+    docs/design.md §8).
     """
     return min(64, max(16, key_dim // 2))
 

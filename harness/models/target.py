@@ -350,8 +350,8 @@ class HybridTarget(nn.Module):
         hidden = self.model.embed_tokens(input_ids)
         position_embeddings = None
         if "full_attention" in self.config.layer_types[: deepest + 1]:
-            # Text positions on all three mRoPE axes, [3, B, L]: the form every transformers release
-            # with Qwen3.5 takes (5.17 indexes a 3-D tensor; later releases also broadcast a 2-D one).
+            # Text positions on all three mRoPE axes, [3, B, L]: the one form every supported transformers
+            # release takes (docs/design.md §7).
             position_embeddings = self.model.rotary_emb(hidden, batch.position_ids[None].expand(3, -1, -1))
         outputs: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers[: deepest + 1]):

@@ -10,8 +10,10 @@ from hydra.errors import ConfigCompositionException
 from train_support import REPO, compose_config
 
 from harness.train.config import run_config_from_dict, strategy_schemas
-from harness.train.distributed import RankEnv
-from harness.train.trainer import Trainer
+from harness.train.build import build_trainer
+from harness.train.distributed import Collectives, RankEnv
+from harness.train.epoch_data import EpochData
+from harness.train.topology import place
 from strategies import available_strategies
 from strategies.registry import _strategy_class
 
@@ -84,14 +86,14 @@ def test_smoke_experiment_is_two_ranks_with_eval_and_checkpoints():
 
 def test_default_run_covers_at_least_three_epochs_of_the_default_data(tmp_path, batchlab_cache):
     config = run_config_from_dict(compose_config(["logger=none"]))
-    trainer = Trainer(config, Path(tmp_path), RankEnv())
-    assert trainer.total_tokens >= 3 * trainer.epoch_tokens
-    assert trainer.heldout_rows.size > 0 and not set(trainer.heldout_rows) & set(trainer.train_rows)
+    data = EpochData(config, Collectives(RankEnv()))
+    assert data.total_tokens >= 3 * data.epoch_tokens
+    assert data.heldout_rows.size > 0 and not set(data.heldout_rows) & set(data.train_rows)
     # the held-out split is the same for every strategy and every seed of a sweep
-    other = Trainer(run_config_from_dict(compose_config(["logger=none", "strategy=sorted", "seed=3"])),
-                    Path(tmp_path) / "other", RankEnv())
-    assert list(other.heldout_rows) == list(trainer.heldout_rows)
-    assert list(other.train_rows) == list(trainer.train_rows)
+    other = EpochData(run_config_from_dict(compose_config(["logger=none", "strategy=sorted", "seed=3"])),
+                      Collectives(RankEnv()))
+    assert list(other.heldout_rows) == list(data.heldout_rows)
+    assert list(other.train_rows) == list(data.train_rows)
 
 
 def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache):
@@ -99,7 +101,7 @@ def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache)
 
     config = run_config_from_dict(compose_config(["logger=none", "experiment=smoke", "trainer.nproc=1",
                                                   "trainer.precision=bf16"]))
-    trainer = Trainer(config, Path(tmp_path), RankEnv())
-    assert trainer.target.dtype == torch.bfloat16
-    assert {p.dtype for p in trainer.drafter.parameters() if p.requires_grad} == {torch.float32}
+    trainer = build_trainer(config, Path(tmp_path), place(config.topology, RankEnv()))
+    assert trainer.model.target.dtype == torch.bfloat16
+    assert {p.dtype for p in trainer.model.drafter.parameters() if p.requires_grad} == {torch.float32}
     assert all(p.dtype == torch.float32 for group in trainer.optimizer.param_groups for p in group["params"])

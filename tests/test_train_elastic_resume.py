@@ -20,7 +20,7 @@ import pytest
 import torch
 from train_support import compose_config, read_jsonl, signal_after_steps, train_cli
 
-from harness.train.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths
+from harness.train.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths, component_state
 from harness.train.run import RunDirectoryInUse, config_differences, run
 
 # 21 steps an epoch on 2 ranks (42 on 1), 1.07 epochs: the resumed run finishes epoch 0 and starts epoch 1;
@@ -43,7 +43,7 @@ def _stop_mid_epoch(run_dir, cwd, extra, after_steps, sig):
     else:
         assert not (run_dir / "summary.json").exists()
     saved = torch.load(checkpoint_paths(run_dir)[-1], map_location="cpu", weights_only=False)
-    assert saved["state"]["epoch"] == 0 and 0 < saved["state"]["step_in_epoch"], "the stop did not land mid-epoch"
+    assert component_state(saved, "progress")["epoch"] == 0 and 0 < component_state(saved, "progress")["step_in_epoch"], "the stop did not land mid-epoch"
     return saved
 
 
@@ -90,7 +90,7 @@ def resumed_on_one_rank(tmp_path_factory, stopped_on_two_ranks):
     run_dir = tmp_path_factory.mktemp("one-rank") / "run"
     shutil.copytree(source, run_dir)
     # killed after its last checkpoint: the steps past it are consumed again, and rank 1 is no more
-    step = saved["state"]["global_step"]
+    step = component_state(saved, "progress")["global_step"]
     assert max(r["step"] for r in read_jsonl(run_dir / "consumed" / "rank1.jsonl")) > step, "killed at a checkpoint"
     resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -100,10 +100,10 @@ def resumed_on_one_rank(tmp_path_factory, stopped_on_two_ranks):
 def test_two_ranks_resume_on_one_rank_mid_epoch_exactly_once(stopped_on_two_ranks, resumed_on_one_rank):
     _, saved = stopped_on_two_ranks
     run_dir, stdout = resumed_on_one_rank
-    step, step_in_epoch = saved["state"]["global_step"], saved["state"]["step_in_epoch"]
+    step, step_in_epoch = component_state(saved, "progress")["global_step"], component_state(saved, "progress")["step_in_epoch"]
     assert saved["fingerprint"]["world_size"] == 2
     summary = json.loads((run_dir / "summary.json").read_text())
-    left = summary["train_samples"] - int((saved["consumed"] > 0).sum())
+    left = summary["train_samples"] - int((component_state(saved, "consumed")["counts"] > 0).sum())
     assert (f"resumed a 2-rank checkpoint on 1 rank at epoch 0, step {step_in_epoch}: {left} samples left in the "
             "epoch, re-planned") in stdout
     assert summary["status"] == "complete" and summary["world_size"] == 1
@@ -124,7 +124,7 @@ def test_a_resume_inside_the_replanned_epoch_repeats_it_exactly(tmp_path, stoppe
     reference, _ = resumed_on_one_rank
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
-    again = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1"], after_steps=saved["state"]["global_step"] + 6,
+    again = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1"], after_steps=component_state(saved, "progress")["global_step"] + 6,
                             sig=signal.SIGTERM)
     assert again["fingerprint"]["world_size"] == 1 and again["state"]["replanned_from"] is not None
     resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
@@ -145,7 +145,7 @@ def test_one_rank_resumes_on_two_ranks_with_another_accumulation(tmp_path, batch
     run_dir = tmp_path / "run"
     saved = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1", "trainer.grad_accum=2"], after_steps=4,
                             sig=signal.SIGTERM)
-    step, step_in_epoch = saved["state"]["global_step"], saved["state"]["step_in_epoch"]
+    step, step_in_epoch = component_state(saved, "progress")["global_step"], component_state(saved, "progress")["step_in_epoch"]
     resumed = train_cli([*ARGS, "trainer.nproc=2", "trainer.grad_accum=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert (f"resumed a 1-rank checkpoint on 2 ranks (grad_accum 2 -> 1) at epoch 0, step {step_in_epoch}: "

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from train_support import train_cli
 
-from harness.train.checkpoint import latest_checkpoint, load_checkpoint
+from harness.train.checkpoint import component_state, latest_checkpoint, load_checkpoint
 from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
-from harness.train.trainer import TEST_FAIL_ENV
+from harness.train.faults import TEST_FAIL_ENV
 
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",
@@ -40,9 +40,9 @@ def _fail(run_dir, spec, *extra):
 def _assert_checkpoint_survives(run_dir, last_step):
     path = latest_checkpoint(run_dir)
     assert path is not None and path.name == f"step-{last_step:08d}.pt", path
-    state = load_checkpoint(path)
-    assert state["state"]["global_step"] == last_step
-    assert set(state["drafter"]) and state["optimizer"]["state"]
+    saved = load_checkpoint(path)
+    assert component_state(saved, "progress")["global_step"] == last_step
+    assert set(component_state(saved, "drafter")) and component_state(saved, "optimizer")["state"]
     return path
 
 
@@ -183,7 +183,7 @@ def test_status_cli_prints_every_rank(tmp_path):
 
 
 def test_malformed_test_failure_spec_is_refused(monkeypatch):
-    from harness.train.trainer import _test_failure
+    from harness.train.faults import failure_spec as _test_failure
 
     monkeypatch.setenv(TEST_FAIL_ENV, "1:five:target_forward:kill")
     with pytest.raises(ValueError, match="RANK:STEP:STAGE:MODE"):

@@ -8,7 +8,7 @@ import re
 import pytest
 from train_support import train_cli
 
-from harness.train.trainer import TEST_FAIL_ENV
+from harness.train.faults import TEST_FAIL_ENV
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed")
 

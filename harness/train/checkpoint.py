@@ -1,8 +1,11 @@
-"""Checkpoints: written atomically, found again on resume, refused when the plan would differ.
+"""Checkpoints: written atomically, found again on resume, refused when the plan or a state's version would differ.
 
-A checkpoint holds the drafter, optimizer, schedule and RNG states, the trainer's counters (tokens
-seen, plan position, eval cadence, gradient-statistics EMAs, the current epoch's consumed-sample
-counts) and a *fingerprint* of everything the batching plan depends on. Resuming with a different
+:class:`CheckpointManager` saves and restores a run's *stateful components* — objects with a
+``state_version``, ``state_dict()`` and ``load_state_dict()`` (:class:`Stateful`): the drafter, the
+optimizer, the RNG states, the trainer's counters, the gradient statistics, the consumed-sample counts,
+the epoch data's re-planned set — each under its own name with its version, so a component that changes
+what it saves bumps its version and an old (or newer) checkpoint is refused naming it, never half-loaded.
+Next to them it stores a *fingerprint* of everything the batching plan depends on. Resuming with a different
 fingerprint (another dataset, budget, strategy or option, or seed) would silently train on other
 batches, so it is refused with the differences named. The world size and the accumulation
 (:data:`LAYOUT_KEYS`) only lay the same samples out on ranks and micro-steps: the trainer may allow
@@ -14,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -29,8 +34,16 @@ _NAME = re.compile(r"^step-(\d{8})\.pt$")
 LAYOUT_KEYS = ("world_size", "grad_accum")
 
 
+#: the layout of the checkpoint file itself (components by name, each with its version)
+FORMAT_VERSION = 2
+
+
 class FingerprintMismatch(RuntimeError):
     """The checkpoint was written for another plan."""
+
+
+class CheckpointVersionError(RuntimeError):
+    """The checkpoint was written by another batchlab version whose saved state this one cannot read."""
 
 
 def lengths_hash(lengths: np.ndarray, indices: np.ndarray) -> str:
@@ -107,3 +120,121 @@ def save_checkpoint(run_dir: Path, global_step: int, state: dict[str, Any], keep
 def load_checkpoint(path: Path) -> dict[str, Any]:
     # weights_only=False: the state holds numpy RNG states and plain Python containers we wrote ourselves
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+class Stateful(Protocol):
+    """What :class:`CheckpointManager` saves: its own state, with the version of that state's layout."""
+
+    state_version: int
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TorchState:
+    """A torch module or optimizer as a :class:`Stateful` (the layout of its state is torch's)."""
+
+    state_version = 1
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.obj.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.obj.load_state_dict(state)
+
+
+class RngState:
+    """This process's torch, numpy and Python random states (a resumed run draws what the uninterrupted one would)."""
+
+    state_version = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+
+
+class CheckpointManager:
+    """Saves the components every ``every`` steps (by the trainer's call), keeps the newest ``keep``, restores them.
+
+    Every rank calls :meth:`save` (a component's ``state_dict`` may be a collective); rank 0 writes. ``extra``
+    holds what is stored but not restored (the fingerprint, the resolved config)."""
+
+    def __init__(self, run_dir: Path, components: dict[str, Stateful], *, fingerprint: dict[str, Any],
+                 config: dict[str, Any], keep: int, is_main: bool, barrier: Any, status: Any) -> None:
+        self.run_dir = Path(run_dir)
+        self.components = components
+        self.fingerprint = fingerprint
+        self.config = config
+        self.keep = keep
+        self.is_main = is_main
+        self.barrier = barrier
+        self.status = status
+
+    def save(self, global_step: int) -> None:
+        self.status.stage("checkpoint", global_step)
+        state = {"format": FORMAT_VERSION, "fingerprint": self.fingerprint, "config": self.config,
+                 "components": {name: {"version": c.state_version, "state": c.state_dict()}
+                                for name, c in self.components.items()}}
+        if self.is_main:
+            save_checkpoint(self.run_dir, global_step, state, self.keep)
+        self.barrier()
+
+    def restore(self) -> Restored | None:
+        """Load the latest checkpoint into the components (None when there is none). Refused before any component loads: another plan (:class:`FingerprintMismatch`,
+        world size and accumulation aside) or another state version (:class:`CheckpointVersionError`)."""
+        path = latest_checkpoint(self.run_dir)
+        if path is None:
+            return None
+        saved = load_checkpoint(path)
+        check_versions(saved, {name: c.state_version for name, c in self.components.items()}, path)
+        # world size and accumulation may change (elastic resume): the rest of the epoch is re-planned
+        layout_changed = check_fingerprint(saved["fingerprint"], self.fingerprint, path, allowed=LAYOUT_KEYS)
+        for name, component in self.components.items():
+            component.load_state_dict(saved["components"][name]["state"])
+        return Restored(path, layout_changed, saved["fingerprint"])
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What :meth:`CheckpointManager.restore` loaded: the file, the layout keys that changed, its fingerprint."""
+
+    path: Path
+    layout_changed: list[str]
+    fingerprint: dict[str, Any]
+
+
+def component_state(saved: dict[str, Any], name: str) -> Any:
+    """The state component ``name`` saved in a loaded checkpoint (e.g. ``progress``, ``drafter``, ``consumed``)."""
+    return saved["components"][name]["state"]
+
+
+def check_versions(saved: dict[str, Any], expected: dict[str, int], path: Path) -> None:
+    """Raise :class:`CheckpointVersionError` unless ``saved`` holds every component at the version this code reads."""
+    fix = ("resume it with the batchlab version that wrote it, or start a fresh run in a new directory (or set "
+           "trainer.resume=false)")
+    found = saved.get("format") if isinstance(saved, dict) else None
+    if found != FORMAT_VERSION:
+        age = "an older" if not isinstance(found, int) or found < FORMAT_VERSION else "a newer"
+        raise CheckpointVersionError(
+            f"checkpoint {path} has checkpoint format {found if found is not None else 1}, this batchlab reads "
+            f"format {FORMAT_VERSION}: {age} batchlab wrote it; {fix}")
+    components = saved.get("components", {})
+    problems = []
+    for name, version in expected.items():
+        entry = components.get(name)
+        if entry is None:
+            problems.append(f"{name!r} is missing")
+        elif entry.get("version") != version:
+            age = "older" if entry.get("version", 0) < version else "newer"
+            problems.append(f"{name!r} state is version {entry.get('version')} ({age}), this batchlab reads {version}")
+    if problems:
+        raise CheckpointVersionError(f"checkpoint {path} cannot be resumed by this batchlab: {'; '.join(problems)}; "
+                                     f"{fix}")

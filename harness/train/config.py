@@ -147,7 +147,6 @@ class LoggerConfig:
         _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
 
 
-TOPOLOGIES = ("colocated", "disaggregated")
 DISPATCHES = ("dynamic", "round_robin")
 
 
@@ -171,7 +170,9 @@ class TopologyConfig:
     drafter_delay_s: float = 0.0  # tests and benchmarks: the drafter sleeps this long after every step
 
     def __post_init__(self) -> None:
-        _choice("topology.name", self.name, TOPOLOGIES)
+        from harness.train.topology import placement_names  # the registry (it imports this module)
+
+        _choice("topology.name", self.name, tuple(placement_names()))
         _choice("topology.dispatch", self.dispatch, DISPATCHES)
         for name in ("target_ranks", "drafter_ranks", "max_in_flight"):
             _at_least(f"topology.{name}", getattr(self, name), 1)

@@ -14,8 +14,9 @@ the global objective (so the global gradient is ``G = Σ_k g_k``):
 
 On several ranks the norms come out of the gradient all-reduce itself: :func:`summing_comm_hook` is a
 DDP communication hook that sums (no division by world size: the loss is already normalised by the
-global step's weight) and, on measured steps, records the squared norm of every bucket before and after
-the all-reduce. One extra all-reduce of three scalars per measured step.
+global step's weight) and, on measured steps, records every parameter's squared gradient norm before and
+after the all-reduce. One extra all-reduce of three scalars per measured step. :class:`GradientStatistics`
+is the trainer's component that decides which steps are measured and how.
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ import torch.distributed as dist
 
 @dataclass
 class BucketNorms:
-    """Squared gradient norms gathered by :func:`summing_comm_hook` over one backward."""
+    """Squared gradient norms gathered by :func:`summing_comm_hook` over one backward, per parameter.
+
+    Kept per parameter (keyed by its storage) and summed exactly (``math.fsum``) so that the result does
+    not depend on how DDP lays parameters out in buckets or in which order buckets finish: DDP rebuilds
+    its buckets after its first step, so a resumed run's first step sees another layout than the
+    uninterrupted run's, and per-bucket float sums would differ in the last bits."""
 
     active: bool = False
-    local_sq: list[torch.Tensor] = field(default_factory=list)
-    global_sq: list[torch.Tensor] = field(default_factory=list)
+    local_sq: dict[int, float] = field(default_factory=dict)
+    global_sq: dict[int, float] = field(default_factory=dict)
     group: Any = None  # the process group DDP reduces over (None: the whole job)
 
     def start(self) -> None:
@@ -43,11 +49,15 @@ class BucketNorms:
         self.global_sq.clear()
 
     def stop(self) -> tuple[float, float]:
-        """(|g_rank|², |G|²) summed over buckets."""
+        """(|g_rank|², |G|²) summed over parameters."""
         self.active = False
-        local = float(sum(t.item() for t in self.local_sq))
-        total = float(sum(t.item() for t in self.global_sq))
-        return local, total
+        return math.fsum(self.local_sq.values()), math.fsum(self.global_sq.values())
+
+
+def _squared_norms(bucket: Any) -> dict[int, float]:
+    """Each parameter's squared gradient norm in ``bucket`` (its gradients are views of the bucket's buffer)."""
+    return {param.data_ptr(): float(grad.detach().double().square().sum())
+            for param, grad in zip(bucket.parameters(), bucket.gradients())}
 
 
 def summing_comm_hook(state, bucket):  # no annotations: DDP checks them, and they are strings here
@@ -58,13 +68,13 @@ def summing_comm_hook(state, bucket):  # no annotations: DDP checks them, and th
     """
     buffer = bucket.buffer()
     if state.active:
-        state.local_sq.append(buffer.detach().double().square().sum())
+        state.local_sq.update(_squared_norms(bucket))
     future = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.group, async_op=True).get_future()
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
-        if state.active:
-            state.global_sq.append(reduced.detach().double().square().sum())
+        if state.active:  # the all-reduce was in place: the gradient views now hold the global gradient
+            state.global_sq.update(_squared_norms(bucket))
         return reduced
 
     return future.then(finished)
@@ -121,3 +131,78 @@ class GradientNoise:
 
     def load_state_dict(self, state: dict[str, float | None]) -> None:
         self.g2_ema, self.trace_ema = state["g2_ema"], state["trace_ema"]
+
+
+class GradientStatistics:
+    """Measures Δ and B_simple every ``every`` optimizer steps and reports them in every step's record.
+
+    Small batches are the ranks (norms from :func:`summing_comm_hook`, whose state :attr:`bucket_norms`
+    is) or, on one rank, the accumulation micro-batches (each one's contribution to the accumulated
+    gradient). Checkpointed: the EMAs and the last measured values (:meth:`state_dict`)."""
+
+    state_version = 1
+
+    def __init__(self, parameters: list[torch.nn.Parameter], comm: Any, every: int, ema: float) -> None:
+        self.parameters = parameters
+        self.comm = comm
+        self.every = every
+        self.bucket_norms = BucketNorms(group=comm.group)
+        self.noise = GradientNoise(ema)
+        self.last_diversity = math.nan
+        self.last_noise_scale = math.nan
+        self._mode: str | None = None  # "ranks", "accumulation" or None on the current step
+
+    def start_step(self, step: int, num_micro_batches: int) -> None:
+        """Before the first backward of optimizer step ``step`` (counted from 1)."""
+        self._mode = None
+        if step % self.every:
+            return
+        if self.comm.env.distributed:
+            self._mode = "ranks"
+            self.bucket_norms.start()
+        elif num_micro_batches > 1:
+            self._mode = "accumulation"
+            self._previous = flat_grad(self.parameters)
+            self._small_sq = self._small_mean_sq = 0.0
+            self._small_count = 0
+
+    def micro_batch_done(self, weight_sum: float, global_weight: float) -> None:
+        """After a micro-batch's backward: its contribution to the gradient (accumulation mode only)."""
+        if self._mode != "accumulation":
+            return
+        current = flat_grad(self.parameters)
+        contribution = current - self._previous
+        self._previous = current
+        if weight_sum > 0:
+            norm_sq = float(contribution.square().sum())
+            self._small_sq += norm_sq
+            self._small_mean_sq += norm_sq * (global_weight / weight_sum) ** 2
+            self._small_count += 1
+
+    def end_step(self, global_weight: float, local_weight: float) -> dict[str, Any]:
+        """After the last backward (before clipping): the step's gradient-statistics record entries."""
+        stats: dict[str, float] = {}
+        if self._mode == "ranks":
+            local_sq, big_sq = self.bucket_norms.stop()
+            mean_sq = local_sq * (global_weight / local_weight) ** 2 if local_weight > 0 else 0.0
+            reduced = self.comm.all_reduce_sum(torch.tensor([local_sq, mean_sq, float(local_weight > 0)],
+                                                            dtype=torch.float64))
+            stats = self.noise.update(float(reduced[0]), float(reduced[1]), int(reduced[2]), big_sq, global_weight)
+        elif self._mode == "accumulation":
+            big_sq = float(self._previous.square().sum())
+            stats = self.noise.update(self._small_sq, self._small_mean_sq, self._small_count, big_sq, global_weight)
+            self._previous = None
+        record = {k: v for k, v in stats.items() if k not in ("grad_diversity", "grad_noise_scale")}
+        if stats:
+            self.last_diversity, self.last_noise_scale = stats["grad_diversity"], stats["grad_noise_scale"]
+        record.update(grad_diversity=self.last_diversity, grad_noise_scale=self.last_noise_scale,
+                      grad_stats_measured=bool(stats))
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.noise.state_dict(), "last_diversity": self.last_diversity,
+                "last_noise_scale": self.last_noise_scale}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.noise.load_state_dict(state)
+        self.last_diversity, self.last_noise_scale = state["last_diversity"], state["last_noise_scale"]

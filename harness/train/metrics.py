@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+WANDB_ID_FILE = "wandb_run_id"
 
 
 def json_value(value: Any) -> Any:
@@ -44,7 +46,7 @@ class MetricSink(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
     def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None: ...
     def summary(self, values: dict[str, Any]) -> None: ...
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None: ...
 
 
 class JsonlSink:
@@ -69,7 +71,7 @@ class JsonlSink:
     def summary(self, values: dict[str, Any]) -> None:
         write_json_atomic(self.run_dir / SUMMARY_FILE, values)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:  # noqa: ARG002 - every line is already flushed
         self._file.close()
 
 
@@ -139,12 +141,13 @@ class WandbSink:
                     self.run.summary[key] = value
         self._guard("summary", write)
 
-    def close(self) -> None:
-        self._guard("finish", lambda: self.run.finish())
+    def close(self, failed: bool = False) -> None:
+        """Finish the W&B run (marked failed, exit code 1, when the rank failed)."""
+        self._guard("finish", lambda: self.run.finish(exit_code=1 if failed else 0))
 
 
 class MetricLogger:
-    """Fans records out to every sink (none on ranks other than 0)."""
+    """Fans records out to every sink (none on ranks other than 0); :meth:`close` closes them once."""
 
     def __init__(self, sinks: list[MetricSink] | None = None) -> None:
         self.sinks = list(sinks or [])
@@ -161,9 +164,36 @@ class MetricLogger:
         for sink in self.sinks:
             sink.summary(values)
 
-    def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+    def close(self, failed: bool = False) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(failed)
+
+
+def build_logger(config: Any, run_dir: Path, is_main: bool, resumed_step: int | None,
+                 config_dict: dict[str, Any]) -> MetricLogger:
+    """Rank 0's logger: ``metrics.jsonl`` (truncated to ``resumed_step`` on resume) and, when configured, W&B
+    (the same W&B run id for the same run directory, so a resumed run continues its W&B run); other ranks get
+    a logger without sinks. W&B failing to start warns and leaves metrics.jsonl alone."""
+    if not is_main:
+        return MetricLogger()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sinks: list[MetricSink] = [JsonlSink(run_dir, resume_after_step=resumed_step)]
+    logger = config.logger
+    if logger.wandb and logger.mode != "disabled":
+        id_file = run_dir / WANDB_ID_FILE
+        if not id_file.exists():
+            id_file.write_text(secrets.token_hex(4))
+        try:
+            sinks.append(WandbSink(
+                run_dir, project=logger.project, entity=logger.entity, group=config.group, name=config.name,
+                job_type=config.strategy_name, tags=logger.tags, config=config_dict, mode=logger.mode,
+                run_id=id_file.read_text().strip(), resume=resumed_step is not None))
+        except Exception as error:  # noqa: BLE001 - W&B must never stop a run
+            warnings.warn(f"W&B could not start ({type(error).__name__}: {error}); logging to metrics.jsonl only",
+                          stacklevel=2)
+    return MetricLogger(sinks)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -32,11 +32,10 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
-from harness.train.feature_link import DrafterLink
 from harness.train.metrics import write_json_atomic
+from harness.train.modules import EMBEDDED_TARGET, pretrained_target_path
 from harness.train.status import STATUS_DIR, describe, read_statuses
-from harness.train.topology import TARGET, place
-from harness.train.trainer import EMBEDDED_TARGET, Trainer, build_target, pretrained_target_path
+from harness.train.topology import place, placement_kind
 
 
 class RunDirectoryInUse(ValueError):
@@ -103,43 +102,27 @@ def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> d
     return {**config_dict, "data": data}
 
 
-def target_producer(config: Any, placement: Any, run_dir: str) -> Any:
-    """A target rank of ``topology=disaggregated``: the frozen target, feeding the drafter ranks."""
-    import torch
-
-    from harness.train.feature_link import TargetProducer
-
-    trainer = config.trainer
-    device = torch.device(f"cuda:{placement.env.local_rank}" if trainer.device == "cuda" else "cpu")
-    torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // placement.env.world_size))
-    dtype = torch.bfloat16 if trainer.precision == "bf16" else torch.float32
-    return TargetProducer(config, placement, run_dir, build_target(config, dtype, device), device)
-
-
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank)."""
     started = time.time()
     config = run_config_from_dict(config_dict)
     env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
-    trainer = producer = None
+    trainer = worker = None
     try:
         placement = place(config.topology, env)
-        if placement.role == TARGET:
-            producer = target_producer(config, placement, run_dir)
-            summary = producer.run()
-        else:
-            trainer = Trainer(config, run_dir, placement.trainer_env, config_dict=config_dict, group=placement.group,
-                              role=placement.role)
-            if placement.disaggregated:
-                trainer.feature_link = DrafterLink(placement, config.topology, trainer, run_dir)
+        if placement.trains:
+            from harness.train.build import build_trainer
+
+            trainer = build_trainer(config, run_dir, placement, config_dict)
             summary = trainer.train()
-            if trainer.feature_link is not None:
-                trainer.feature_link.close()
+        else:  # e.g. a target rank of topology=disaggregated
+            worker = placement_kind(placement.kind).worker(config, placement, run_dir)
+            summary = worker.run()
     except BaseException as error:
         if trainer is not None:
             trainer.abort()
-        stopping = (trainer is not None and trainer.stop_requested) or (producer is not None and producer.signalled)
+        stopping = (trainer is not None and trainer.stop_requested) or (worker is not None and worker.signalled)
         _rank_failed(error, env, run_dir, started, stopping=stopping)
         raise
     finally:

@@ -1,24 +1,29 @@
-"""Placements of the target and the drafter over the job's ranks (the ``topology`` config group).
+"""Placements of the target and the drafter over the job's ranks (the ``topology`` config group), by name.
+
+A placement is one :class:`PlacementKind` subclass registered with :func:`register_placement` (plus its
+``conf/topology/<name>.yaml``): it says which role every rank of the job has (:meth:`PlacementKind.place`),
+where a training rank's features come from (:meth:`PlacementKind.feature_source`, a
+:class:`~harness.train.features.FeatureSource`), and what a rank that does not train runs
+(:meth:`PlacementKind.worker`). The trainer sees only the feature source. The built-in placements are
+registered in :mod:`harness.train.placements`:
 
 ``colocated`` (the default): every rank runs the frozen target and the drafter; DDP on the drafter over
 the whole job. ``disaggregated``: the job's ``drafter_ranks + target_ranks`` ranks split in two roles:
 
 * global ranks ``0 .. drafter_ranks - 1`` are **drafter ranks**: each runs a :class:`~harness.train.trainer.Trainer`
-  whose features come from the target ranks (:class:`~harness.train.feature_link.DrafterLink`). They form
+  whose features come from the target ranks (:class:`~harness.train.feature_receiver.DrafterLink`). They form
   their own process group (``dist.new_group``): DDP, the Σw all-reduce, the metric gathers, eval and
   checkpoints run over it only, and the plan is made for ``world_size = drafter_ranks``. Global rank 0
   is drafter rank 0, the one that writes files. Eval runs there too, on a local copy of the target.
 * global ranks ``drafter_ranks .. drafter_ranks + target_ranks - 1`` are **target ranks**: each runs
-  :class:`~harness.train.feature_link.TargetProducer` (take a micro-batch, collate, target forward,
+  :class:`~harness.train.feature_sender.TargetProducer` (take a micro-batch, collate, target forward,
   send) and no collective at all, so nothing the drafters do can deadlock them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch.distributed as dist
+from typing import Any, ClassVar, Protocol
 
 from harness.train.config import TopologyConfig
 from harness.train.distributed import RankEnv
@@ -35,10 +40,16 @@ class Placement:
     drafter_ranks: tuple[int, ...]
     target_ranks: tuple[int, ...]
     group: Any = None  # the drafter ranks' process group (None: the whole job, or a single drafter rank)
+    kind: str = COLOCATED  # the registered placement (``topology.name``)
 
     @property
     def disaggregated(self) -> bool:
         return self.role != COLOCATED
+
+    @property
+    def trains(self) -> bool:
+        """Does this rank train the drafter (run a Trainer)?"""
+        return self.role in (COLOCATED, DRAFTER)
 
     @property
     def trainer_env(self) -> RankEnv:
@@ -64,20 +75,59 @@ class Placement:
         return f"rank {rank}"
 
 
+class RankWorker(Protocol):
+    """What a rank that does not train runs (:meth:`PlacementKind.worker`)."""
+
+    signalled: bool  # stopped by a signal (the training ranks end the job; not a failure of this rank)
+
+    def run(self) -> dict[str, Any]: ...
+
+
+class PlacementKind:
+    """A way to place the target and the drafter over a job's ranks; registered under :attr:`name`."""
+
+    name: ClassVar[str] = ""
+
+    def place(self, topology: TopologyConfig, env: RankEnv) -> Placement:
+        """This rank's placement (every rank of the job calls it: it may create process groups)."""
+        raise NotImplementedError
+
+    def feature_source(self, placement: Placement, inputs: Any) -> Any:
+        """The :class:`~harness.train.features.FeatureSource` of a training rank (``inputs``: its
+        :class:`~harness.train.features.SourceInputs`)."""
+        raise NotImplementedError
+
+    def worker(self, config: Any, placement: Placement, run_dir: str) -> RankWorker:
+        """What a rank that does not train runs (its ``run()`` returns the rank's summary)."""
+        raise ValueError(f"topology={self.name} has no rank of role {placement.role!r}")
+
+
+_PLACEMENTS: dict[str, type[PlacementKind]] = {}
+
+
+def register_placement(cls: type[PlacementKind]) -> type[PlacementKind]:
+    """Register a :class:`PlacementKind` subclass under its ``name`` (a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, PlacementKind)) or not cls.name:
+        raise ValueError(f"{cls!r} must be a PlacementKind subclass with a non-empty `name`")
+    if _PLACEMENTS.get(cls.name, cls) is not cls:
+        raise ValueError(f"a placement named {cls.name!r} is already registered")
+    _PLACEMENTS[cls.name] = cls
+    return cls
+
+
+def placement_names() -> list[str]:
+    """The registered placements (``topology.name`` values), sorted."""
+    import harness.train.placements  # noqa: F401 - registers the built-in placements
+
+    return sorted(_PLACEMENTS)
+
+
+def placement_kind(name: str) -> PlacementKind:
+    if name not in placement_names():
+        raise ValueError(f"topology.name={name!r} is not one of {placement_names()}")
+    return _PLACEMENTS[name]()
+
+
 def place(topology: TopologyConfig, env: RankEnv) -> Placement:
-    """This rank's placement; the drafter group is created here (every rank of the job must call it)."""
-    if not topology.disaggregated:
-        return Placement(COLOCATED, env, tuple(range(env.world_size)), ())
-    if env.world_size != topology.world_size:
-        raise ValueError(
-            f"topology=disaggregated needs topology.target_ranks + topology.drafter_ranks = "
-            f"{topology.target_ranks} + {topology.drafter_ranks} = {topology.world_size} ranks, but the job "
-            f"has {env.world_size}; set trainer.nproc={topology.world_size} (or launch that many ranks)"
-        )
-    drafters = tuple(range(topology.drafter_ranks))
-    targets = tuple(range(topology.drafter_ranks, topology.world_size))
-    group = None
-    if len(drafters) > 1:
-        group = dist.new_group(ranks=list(drafters))  # collective over the whole job: every rank calls it
-    role = DRAFTER if env.rank in drafters else TARGET
-    return Placement(role, env, drafters, targets, group if role == DRAFTER else None)
+    """This rank's placement under ``topology`` (every rank of the job must call it)."""
+    return placement_kind(topology.name).place(topology, env)

@@ -1,0 +1,100 @@
+"""Build a training rank's :class:`~harness.train.trainer.Trainer` from the run config: its components, in order.
+
+Data → models → gradient statistics → optimizer → checkpointed state (restored when the run directory holds
+a checkpoint, re-planning the rest of its epoch on another world size) → feature source → evaluator →
+logger (last, so that a failure while building never leaves a W&B run open).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.train.batch import BatchCollator
+from harness.train.checkpoint import CheckpointManager, RngState, TorchState
+from harness.train.config import RunConfig
+from harness.train.consumed import ConsumedSamples
+from harness.train.distributed import Collectives
+from harness.train.epoch_data import EpochData
+from harness.train.evaluator import Evaluator
+from harness.train.features import SourceInputs
+from harness.train.grad_stats import GradientStatistics
+from harness.train.metrics import build_logger
+from harness.train.modules import DrafterModel, rank_device
+from harness.train.schedule import TokenCosineSchedule
+from harness.train.status import RankStatus
+from harness.train.topology import COLOCATED, Placement, placement_kind
+from harness.train.train_state import TrainState
+from harness.train.trainer import Trainer
+
+
+def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
+                  config_dict: dict[str, Any] | None = None) -> Trainer:
+    """The Trainer of a training rank (``placement.trains``); ``config_dict``: the resolved config as given (W&B
+    config, checkpoints)."""
+    run_dir, config_dict = Path(run_dir), config_dict or {}
+    env = placement.trainer_env  # this rank among the ranks that train the drafter
+    comm = Collectives(env, placement.group)
+    trainer = config.trainer
+    device = rank_device(config, env)
+    # where this rank is (run_dir/status/): the launcher names the stage and step of a rank that died
+    status = RankStatus(run_dir, env.rank, role="train" if placement.role == COLOCATED else placement.role)
+    status.stage("setup", 0)
+    data = EpochData(config, comm, progress=env.is_main and trainer.progress)
+    model = DrafterModel(config, device)
+    grads = GradientStatistics(model.parameters, comm, trainer.grad_stats_every, trainer.grad_stats_ema)
+    model.distribute(comm, grads.bucket_norms)
+    optim = config.optim
+    optimizer = torch.optim.AdamW(model.parameters, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                                  weight_decay=optim.weight_decay)
+    schedule = TokenCosineSchedule(optimizer, optim.lr, data.total_tokens, optim.warmup_fraction, optim.min_lr_ratio)
+    state = TrainState()
+    consumed = ConsumedSamples(len(data.samples), comm, run_dir, trainer.record_consumed)
+    checkpoints = CheckpointManager(
+        run_dir, {"progress": state, "drafter": TorchState(model.drafter), "optimizer": TorchState(optimizer),
+                  "grad_stats": grads, "consumed": consumed, "data": data, "rng": RngState()},
+        fingerprint=data.fingerprint, config=config_dict, keep=trainer.keep_checkpoints, is_main=env.is_main,
+        barrier=comm.barrier, status=status)
+    resumed = resume(checkpoints, data, state, consumed, env) if trainer.resume else False
+    drafter = model.drafter
+    collate = dict(block_size=drafter.block_size, num_anchors=config.drafter_config.num_anchors,
+                   mask_token_id=drafter.mask_token_id, loss_decay_gamma=drafter.loss_decay_gamma,
+                   max_blocks=config.drafter_config.max_blocks)
+    train_collate = BatchCollator(data.samples, data.strategy.layout, anchor_seed=config.seed, **collate)
+    eval_collate = BatchCollator(data.samples, "padded", anchor_seed=config.data.heldout_seed, **collate)
+    source = placement_kind(placement.kind).feature_source(placement, SourceInputs(
+        config=config, env=env, status=status, device=device, target=model.target,
+        tap_layer_ids=list(drafter.target_layer_ids), hidden_size=drafter.hidden_size, rows=data.train_rows,
+        collate=train_collate, plan_epoch=data.plan_epoch, first_epoch=state.epoch, run_dir=run_dir))
+    evaluator = Evaluator(data=data, collate=eval_collate, model=model, comm=comm, status=status,
+                          trainer_config=trainer, device=device)
+    logger = build_logger(config, run_dir, env.is_main, state.global_step if resumed else None, config_dict)
+    return Trainer(config=config, run_dir=run_dir, comm=comm, status=status, data=data, model=model,
+                   optimizer=optimizer, schedule=schedule, source=source, grads=grads, evaluator=evaluator,
+                   consumed=consumed, checkpoints=checkpoints, logger=logger, state=state)
+
+
+def resume(checkpoints: CheckpointManager, data: EpochData, state: TrainState, consumed: ConsumedSamples,
+           env: Any) -> bool:
+    """Restore the run directory's latest checkpoint, if any (True then). A checkpoint of another world size or
+    accumulation (elastic resume) continues its epoch with the samples it had not consumed, planned for this
+    shape; the consumed counts are carried over, so the epoch's exactly-once check still covers all of it."""
+    restored = checkpoints.restore()
+    if restored is None:
+        return False
+    if restored.layout_changed:
+        stopped_at = state.step_in_epoch
+        plan, left = data.replan_rest(state.epoch, consumed.resumed_total, restored.path)
+        state.step_in_epoch = 0
+        old, grad_accum = restored.fingerprint, data.config.trainer.grad_accum
+        if env.is_main:
+            shape = "" if old.get("grad_accum") == grad_accum else f" (grad_accum {old.get('grad_accum')} -> {grad_accum})"
+            print(
+                f"batchlab-train: resumed a {old.get('world_size')}-rank checkpoint on {env.world_size} "
+                f"rank{'s' if env.world_size != 1 else ''}{shape} at epoch {state.epoch}, step {stopped_at}: "
+                f"{left} samples left in the epoch, re-planned ({plan.num_steps} steps)",
+                flush=True,
+            )
+    return True

@@ -1,0 +1,163 @@
+"""A run's data by epoch: the samples, their validation and oversize policy, the plan fingerprint, each epoch's plan.
+
+Built once per rank (rank 0 builds any cache first). The training rows are the validated samples of the
+training split after ``trainer.oversize``; the held-out rows get one fixed padded plan (the same for every
+strategy and seed). :meth:`EpochData.plan_epoch` is the strategy's plan of an epoch — or, after an elastic
+resume on another world size or accumulation, the rest of the checkpoint's epoch re-planned from the samples
+it had consumed (:meth:`EpochData.replan_rest`; the set is checkpointed, so a later resume in the same epoch
+rebuilds the same plan).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.data.samples import TokenizedSamples, heldout_split, load_samples, validate_samples
+from harness.train import checkpoint as ckpt
+from harness.train.config import RunConfig
+from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
+from strategies.metrics import plan_metrics
+
+
+class EpochData:
+    state_version = 1
+
+    def __init__(self, config: RunConfig, comm: Any, progress: bool = False) -> None:
+        self.config = config
+        self.env = comm.env
+        if not self.env.is_main:  # rank 0 builds any cache first; the others read it
+            comm.barrier()
+        self.samples: TokenizedSamples = load_samples(config.data, progress=progress)
+        if self.env.is_main:
+            comm.barrier()
+        drafter = config.drafter_config
+        vocab_size = int(config.target_kwargs.get("vocab_size") or 0)
+        train_rows, heldout_rows = heldout_split(len(self.samples), config.data)
+        check = dict(vocab_size=vocab_size, block_size=drafter.block_size, no_anchor=config.data.no_anchor)
+        self.train_report = validate_samples(self.samples, train_rows, **check)
+        self.heldout_report = validate_samples(self.samples, heldout_rows, **check)
+        self.budget = Budget(config.trainer.max_tokens, config.trainer.max_samples)
+        # The oversize policy is applied once here, not by every epoch's plan: "drop" leaves the samples
+        # out (counted), "truncate" shortens them to the budget, "error" names the first one.
+        self.train_rows, self.oversize_dropped, self.oversize_truncated = self._apply_oversize(self.train_report.kept)
+        self.heldout_rows, _, _ = self._apply_oversize(self.heldout_report.kept)
+        if self.train_rows.size == 0:
+            raise ValueError(
+                f"no training sample is left after validation (dropped: {self.train_report.summary()}, "
+                f"{self.oversize_dropped} over trainer.max_tokens={self.budget.max_tokens}); raise max_tokens or "
+                "check the data source"
+            )
+        self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
+        self.strategy = build_strategy(config.strategy_name, **config.strategy_options)
+        self.fingerprint = ckpt.plan_fingerprint(
+            lengths_sha256=ckpt.lengths_hash(self.train_lengths, self.train_rows),
+            data_fingerprint=self.samples.fingerprint, max_tokens=self.budget.max_tokens,
+            max_samples=self.budget.max_samples, strategy=config.strategy_name,
+            strategy_options=config.strategy_options, balance=config.balance, oversize=config.trainer.oversize,
+            world_size=self.env.world_size, grad_accum=config.trainer.grad_accum, seed=config.seed,
+            block_size=drafter.block_size, num_anchors=drafter.num_anchors, max_blocks=drafter.max_blocks,
+        )
+        self.epoch_tokens = int(self.train_lengths.sum())
+        stop = config.trainer
+        self.total_tokens = (stop.stop_tokens if stop.stop_tokens is not None
+                             else int(math.ceil(stop.stop_epochs * self.epoch_tokens)))
+        # the held-out set: one fixed padded plan, fixed anchors, the same for every strategy and seed
+        heldout_lengths = np.minimum(self.samples.lengths[self.heldout_rows], self.budget.max_tokens)
+        self.eval_plan: Plan | None = None
+        if self.heldout_rows.size:
+            self.eval_plan = build_strategy("sorted").plan(
+                heldout_lengths, self.budget, seed=config.data.heldout_seed, epoch=0,
+                world_size=self.env.world_size, grad_accum=1)
+        # elastic resume: (epoch, the training-sample (plan) indices it had consumed) when the rest of that epoch
+        # was re-planned for this world size / accumulation; None while every epoch runs its whole plan
+        self._replanned: tuple[int, np.ndarray] | None = None
+        self._last_plan: Plan | None = None
+
+    def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """(rows kept, how many dropped, how many truncated) under ``trainer.oversize``."""
+        over = self.samples.lengths[rows] > self.budget.max_tokens
+        policy = self.config.trainer.oversize
+        if not over.any():
+            return rows, 0, 0
+        if policy == "error":
+            first = int(rows[over][0])
+            raise ValueError(
+                f"sample {first} has {int(self.samples.lengths[first])} tokens, more than trainer.max_tokens="
+                f"{self.budget.max_tokens} ({int(over.sum())} such samples); raise trainer.max_tokens or set "
+                "trainer.oversize=drop (leave them out, counted) or trainer.oversize=truncate"
+            )
+        if policy == "drop":
+            return rows[~over], int(over.sum()), 0
+        return rows, 0, int(over.sum())
+
+    # ---------------------------------------------------------------- plans
+    def plan_epoch(self, epoch: int) -> Plan:
+        """The plan of ``epoch`` (the last one made is kept: each epoch's metrics plan the next one first)."""
+        if self._last_plan is not None and self._last_plan.epoch == epoch:
+            return self._last_plan
+        cfg = self.config
+        shape = dict(seed=cfg.seed, epoch=epoch, world_size=self.env.world_size,
+                     grad_accum=cfg.trainer.grad_accum, balance=cfg.balance)
+        if self.replanned(epoch):
+            self._last_plan = plan_remainder(self.strategy, self.train_lengths, self._replanned[1], self.budget,
+                                             **shape)
+        else:
+            self._last_plan = self.strategy.plan(self.train_lengths, self.budget, **shape)
+        return self._last_plan
+
+    def replanned(self, epoch: int) -> bool:
+        """Is ``epoch`` the rest of an epoch re-planned by an elastic resume?"""
+        return self._replanned is not None and self._replanned[0] == epoch
+
+    def kept_rows(self, plan: Plan) -> np.ndarray:
+        """The dataset rows ``plan``'s epoch must consume exactly once (all of its epoch, re-planned or not)."""
+        return self.train_rows[plan.kept_indices()]
+
+    def replan_rest(self, epoch: int, consumed_total: np.ndarray, path: Path) -> tuple[Plan, int]:
+        """Elastic resume: ``epoch`` continues with the training samples not in ``consumed_total`` (the checkpoint's
+        counts summed over its ranks), planned for this shape; ``(that plan, samples left)``. Later epochs are
+        planned as usual."""
+        counts = np.asarray(consumed_total)[self.train_rows]
+        most, elsewhere = int(counts.max(initial=0)), int(np.asarray(consumed_total).sum() - counts.sum())
+        if most > 1 or elsewhere:
+            raise ValueError(
+                f"checkpoint {path}: its consumed-sample counts are not a set of this run's training samples (a "
+                f"sample consumed {most} times, {elsewhere} visits of other rows); it cannot be resumed on another "
+                "world size"
+            )
+        done = np.flatnonzero(counts).astype(np.int64)
+        # nothing consumed yet (a checkpoint at an epoch boundary): the epoch's own plan for this shape
+        self._replanned = (epoch, done) if done.size else None
+        self._last_plan = None
+        plan = self.plan_epoch(epoch)
+        if plan.num_steps == 0:
+            raise ValueError(
+                f"checkpoint {path}: epoch {epoch} has consumed every training sample but was not finished; "
+                "the checkpoint is inconsistent"
+            )
+        return plan, int(self.train_rows.size - done.size)
+
+    def plan_record(self, plan: Plan) -> tuple[dict[str, Any], list[float] | None]:
+        """The epoch's plan metrics as ``plan_*`` record entries (ACF of step mean length, recurrence, mix), and the
+        ACF by lag (for a W&B table)."""
+        drafter = self.config.drafter_config  # the drafter's block term counts this run's blocks
+        cost = CostModel(block_size=drafter.block_size, num_anchors=drafter.num_anchors)
+        metrics = plan_metrics(plan, next_epoch_plan=self.plan_epoch(plan.epoch + 1),
+                               acf_lags=self.config.trainer.acf_lags, cost_model=cost)
+        record = {f"plan_{key}": value for key, value in metrics.items()
+                  if isinstance(value, (int, float, bool))
+                  or (isinstance(value, list) and all(isinstance(v, (int, float)) for v in value))}
+        acf = metrics.get("acf") or metrics.get("step_length_acf")
+        return record, acf if isinstance(acf, list) else None
+
+    # ---------------------------------------------------------------- checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {"replanned": self._replanned}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._replanned = state["replanned"]
+        self._last_plan = None

@@ -1,0 +1,94 @@
+"""Held-out evaluation: loss, accuracy per position and τ on one fixed plan, and real acceptance by speculative decoding.
+
+The held-out plan is one padded, sorted plan with fixed anchors (:attr:`EpochData.eval_plan`), the same for
+every strategy and seed; every rank evaluates its share and the sums are all-reduced, so the result does not
+depend on the world size. Real acceptance (``eval_tau_real``) lets the drafter propose against the target's
+own greedy continuation of fixed held-out prompts, as a speculative decoder would.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from harness.models.drafter_loss import DrafterLoss
+from harness.train.batch import BatchCollator, RankMicroBatches
+from harness.train.step_stats import reduce_sum
+
+
+class Evaluator:
+    def __init__(self, *, data: Any, collate: BatchCollator, model: Any, comm: Any, status: Any,
+                 trainer_config: Any, device: torch.device) -> None:
+        self.data = data
+        self.collate = collate
+        self.model = model
+        self.comm = comm
+        self.status = status
+        self.trainer = trainer_config
+        self.device = device
+        self._real_prompts: list | None = None
+
+    @torch.no_grad()
+    def __call__(self, global_step: int) -> dict[str, Any]:
+        """Every held-out metric after optimizer step ``global_step`` (a collective: every rank calls it)."""
+        plan = self.data.eval_plan
+        if plan is None:
+            return {}
+        self.status.stage("eval", global_step)
+        drafter, target = self.model.drafter, self.model.target
+        total = None
+        dataset = RankMicroBatches(plan, self.comm.env.rank, 0, self.data.heldout_rows, self.collate, anchor_epoch=0)
+        for item in range(len(dataset)):
+            batch = dataset[item].to(self.device)
+            if batch.empty:
+                continue
+            features = target(batch.tokens, gdn_backend=self.trainer.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
+            with self.model.autocast():
+                sums = drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)).detach()
+            total = sums if total is None else total + sums
+        # a rank whose share of the held-out set is empty adds zeros
+        total = reduce_sum(total if total is not None else DrafterLoss.zeros(drafter.block_size - 1), self.comm)
+        weight, count, blocks = float(total.weight_sum), float(total.label_count), float(total.block_count)
+        return {
+            "eval_loss": float(total.weighted_ce_sum) / weight if weight else math.nan,
+            "eval_accuracy": float(total.correct_sum) / count if count else math.nan,
+            "eval_accuracy_per_position": (total.correct_per_position / total.count_per_position.clamp_min(1)).tolist(),
+            "eval_tau": float(total.tau_sum) / blocks if blocks else math.nan,
+            "eval_blocks": int(blocks),
+            **self.real_acceptance(),
+        }
+
+    @torch.no_grad()
+    def real_acceptance(self) -> dict[str, Any]:
+        """``eval_tau_real``: greedy speculative decoding of fixed held-out prompts, shared over the ranks."""
+        trainer, data = self.trainer, self.data
+        if trainer.eval_real_prompts == 0 or data.heldout_rows.size == 0:
+            return {}
+        from harness.eval.speculative import evaluate_acceptance, heldout_prompts
+
+        if self._real_prompts is None:
+            self._real_prompts = heldout_prompts(data.samples, data.heldout_rows, trainer.eval_real_prompt_tokens,
+                                                 trainer.eval_real_prompts)
+        env = self.comm.env
+        mine = self._real_prompts[env.rank::env.world_size]
+        block = self.model.drafter.block_size
+        vector = torch.zeros(block + 2, dtype=torch.float64)  # [forwards gaining 1..B tokens, tokens, forwards]
+        if mine:
+            with self.model.autocast():
+                result = evaluate_acceptance(self.model.target, self.model.drafter, mine, trainer.eval_real_new_tokens,
+                                             gdn_backend=trainer.gdn_backend)
+            vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
+            vector[block] = result["eval_real_tokens"]
+            vector[block + 1] = result["eval_real_target_forwards"]
+        vector = self.comm.all_reduce_sum(vector)
+        hist, tokens, forwards = vector[:block], float(vector[block]), float(vector[block + 1])
+        gains = float(hist.sum())
+        return {
+            "eval_tau_real": float((hist * torch.arange(1, block + 1, dtype=torch.float64)).sum()) / gains
+            if gains else math.nan,
+            "eval_tau_real_hist": [int(v) for v in hist.tolist()],
+            "eval_speedup_bound": tokens / forwards if forwards else math.nan,
+            "eval_real_prompts": len(self._real_prompts),
+        }

@@ -1,0 +1,115 @@
+"""A training rank's models: the frozen target, the drafter with fp32 master weights, and the objective DDP wraps."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from harness.models.drafter import DFlashDrafter
+from harness.models.drafter_loss import DrafterLoss
+from harness.models.target import HybridTarget
+from harness.train.batch import TrainingBatch
+from harness.train.config import RunConfig
+from harness.train.grad_stats import summing_comm_hook
+
+#: seed of the random-weight target: the same target for every strategy and seed of a sweep
+TARGET_INIT_SEED = 0
+#: ``target.pretrained: embedded``: the tiny target pretrained on this run's data (built once, cached)
+EMBEDDED_TARGET = "embedded"
+
+
+def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
+    """The checkpoint directory ``target.pretrained`` names; ``embedded`` builds or finds the cached one."""
+    if config.target.pretrained == EMBEDDED_TARGET:
+        from harness.pretrain.target import ensure_pretrained_target
+
+        return str(ensure_pretrained_target(config.data, config.target_kwargs, progress=progress))
+    return str(config.target.pretrained)
+
+
+def rank_device(config: RunConfig, env: Any) -> torch.device:
+    """This rank's device (``cuda:LOCAL_RANK`` or the CPU); sets torch's intra-op threads to its share of the cores."""
+    trainer = config.trainer
+    torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // env.world_size))
+    return torch.device(f"cuda:{env.local_rank}" if trainer.device == "cuda" else "cpu")
+
+
+def run_dtype(config: RunConfig) -> torch.dtype:
+    """The activations' dtype of target and drafter (``trainer.precision``)."""
+    return torch.bfloat16 if config.trainer.precision == "bf16" else torch.float32
+
+
+def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget:
+    """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
+    drafter_cfg = config.drafter_config
+    torch.manual_seed(TARGET_INIT_SEED)
+    if config.target.pretrained:
+        return HybridTarget.from_pretrained(
+            pretrained_target_path(config), dtype=dtype, device=device, tap_layer_ids=drafter_cfg.target_layer_ids,
+            num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=config.trainer.target_attention_backend)
+    return HybridTarget(config.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,
+                        num_draft_layers=drafter_cfg.num_hidden_layers, dtype=dtype,
+                        attention_backend=config.trainer.target_attention_backend).to(device)
+
+
+class DrafterObjective(torch.nn.Module):
+    """The drafter's loss sums for one micro-batch (the module DDP wraps)."""
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch: TrainingBatch, features: Any) -> DrafterLoss:
+        if batch.empty:
+            return self.drafter.empty_loss(self.drafter.fc.weight.device)
+        hidden = self.drafter.forward_prepared(batch.drafter, features)
+        return self.drafter.prepared_loss(batch.drafter, hidden)
+
+
+class DrafterModel:
+    """The target (frozen; a disaggregated drafter rank keeps a copy for eval only) and the drafter being trained.
+
+    :meth:`distribute` wraps the objective in DDP over the training ranks' group with the summing
+    communication hook (the loss is already normalised by the global step's weight)."""
+
+    def __init__(self, config: RunConfig, device: torch.device) -> None:
+        self.device = device
+        self.dtype = run_dtype(config)
+        self.target = build_target(config, self.dtype, device)
+        torch.manual_seed(config.seed)
+        # fp32 master weights whatever the target's dtype; bf16 runs use autocast
+        self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,
+                                     self.target.num_layers).to(device=device, dtype=torch.float32)
+        self.objective: torch.nn.Module = DrafterObjective(self.drafter)
+        self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.distributed = False
+
+    def distribute(self, comm: Any, hook_state: Any) -> None:
+        """DDP over ``comm``'s group (nothing on one rank); ``hook_state`` records gradient norms on measured steps."""
+        if not comm.env.distributed:
+            return
+        # the drafter's only buffers are its fixed rotary frequencies: nothing to sync per forward
+        buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(
+            DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
+        self.objective = DistributedDataParallel(
+            self.objective, device_ids=[comm.env.local_rank] if self.device.type == "cuda" else None,
+            process_group=comm.group, **buffers)
+        self.objective.register_comm_hook(hook_state, summing_comm_hook)
+        self.distributed = True
+
+    def no_sync(self, skip: bool) -> contextlib.AbstractContextManager:
+        """DDP's ``no_sync`` when ``skip`` (every accumulation micro-batch but the last)."""
+        return self.objective.no_sync() if (self.distributed and skip) else contextlib.nullcontext()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
+
+    def synchronize(self) -> None:
+        """Wait for the device (stage times on CUDA)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

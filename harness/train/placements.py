@@ -1,0 +1,60 @@
+"""The built-in placements, registered by name: ``colocated`` and ``disaggregated`` (see :mod:`harness.train.topology`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from harness.train.config import TopologyConfig
+from harness.train.distributed import RankEnv
+from harness.train.features import LocalTarget, SourceInputs
+from harness.train.topology import COLOCATED, DRAFTER, TARGET, Placement, PlacementKind, register_placement
+
+
+@register_placement
+class Colocated(PlacementKind):
+    """Every rank runs the frozen target and the drafter; DDP on the drafter over the whole job."""
+
+    name = "colocated"
+
+    def place(self, topology: TopologyConfig, env: RankEnv) -> Placement:  # noqa: ARG002
+        return Placement(COLOCATED, env, tuple(range(env.world_size)), (), kind=self.name)
+
+    def feature_source(self, placement: Placement, inputs: SourceInputs) -> LocalTarget:  # noqa: ARG002
+        return LocalTarget(inputs)
+
+
+@register_placement
+class Disaggregated(PlacementKind):
+    """``topology.target_ranks`` ranks run the target and send features to ``topology.drafter_ranks`` drafter ranks."""
+
+    name = "disaggregated"
+
+    def place(self, topology: TopologyConfig, env: RankEnv) -> Placement:
+        if env.world_size != topology.world_size:
+            raise ValueError(
+                f"topology=disaggregated needs topology.target_ranks + topology.drafter_ranks = "
+                f"{topology.target_ranks} + {topology.drafter_ranks} = {topology.world_size} ranks, but the job "
+                f"has {env.world_size}; set trainer.nproc={topology.world_size} (or launch that many ranks)"
+            )
+        drafters = tuple(range(topology.drafter_ranks))
+        targets = tuple(range(topology.drafter_ranks, topology.world_size))
+        group = None
+        if len(drafters) > 1:
+            group = dist.new_group(ranks=list(drafters))  # collective over the whole job: every rank calls it
+        role = DRAFTER if env.rank in drafters else TARGET
+        return Placement(role, env, drafters, targets, group if role == DRAFTER else None, kind=self.name)
+
+    def feature_source(self, placement: Placement, inputs: SourceInputs) -> Any:
+        from harness.train.feature_receiver import DrafterLink
+
+        return DrafterLink(placement, inputs.config.topology, inputs)
+
+    def worker(self, config: Any, placement: Placement, run_dir: str) -> Any:
+        """A target rank: the frozen target, feeding the drafter ranks."""
+        from harness.train.feature_sender import TargetProducer
+        from harness.train.modules import build_target, rank_device, run_dtype
+
+        device = rank_device(config, placement.env)
+        return TargetProducer(config, placement, run_dir, build_target(config, run_dtype(config), device), device)

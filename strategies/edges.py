@@ -299,3 +299,19 @@ def explicit_edges(edges: Sequence[Any], longest: int) -> np.ndarray:
     if array[-1] < longest:
         array = np.append(array, longest)
     return array
+
+
+def parse_edges(text: str) -> str | list[int]:
+    """Edges from text: a method name or a comma list of integer lengths (``batchlab-plan --edges``)."""
+    text = text.strip()
+    if text in EDGE_METHODS:
+        return text
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither one of {', '.join(EDGE_METHODS)} nor a comma list of integer lengths"
+        ) from None
+    if not values:
+        raise ValueError(f"{text!r} lists no lengths")
+    return values

@@ -25,10 +25,9 @@ from .validate import check_positive_int
 
 #: default (most) buckets of ``bucketed``. With the default ``max_recurrence`` the budget-aware dp
 #: uses as many of them as lower the expected padding while every bucket keeps enough samples, so
-#: the number used follows the dataset: all 64 on the chat-902k profile at max_tokens=16384
-#: (97.7% padding efficiency, recurrence 0.004), 18 on the standard library's top-level
-#: definitions (6,096 samples: 86.7%, recurrence 0.099; 32 unbounded dp buckets there give 94.1%
-#: at recurrence 0.54). Earlier default: 32 (95.5% on chat-902k).
+#: the number used follows the dataset; the cap is high so that a large dataset is never held to
+#: fewer buckets than its padding calls for, and a small one is held back by the bound, not by it
+#: (numbers per dataset: docs/design.md §3, benchmarks/RESULTS.md).
 DEFAULT_NUM_BUCKETS = 64
 #: default ``max_recurrence`` of ``bucketed``
 DEFAULT_MAX_RECURRENCE = 0.1
@@ -133,11 +132,11 @@ class BucketedStrategy(Strategy):
             steps' worth of micro-batches: a pure step of a bucket with ``s`` steps meets again
             with probability about ``1 / s`` in the next epoch, so smaller buckets (most of them on
             small datasets) go to the mixed pool whole, keeping the step recurrence under the same
-            bound. Step order is shuffled each epoch. Default True: on ``chat-902k`` at
-            max_tokens=16384, world size 8, it lowers the rank imbalance from 1.075 to 1.024
-            (target terms; drafter blocks 2.27 -> 1.02) at the price of length-homogeneous steps:
-            length-mix excess 1.19 -> 2.52 and step recurrence 0.001 -> 0.031 (micro-batch
-            recurrence and padding are unchanged). False mixes buckets inside a step.
+            bound. Step order is shuffled each epoch. Default True: the ranks of a step then do
+            similar work (lower rank imbalance, for the target and the drafter), at the price of
+            length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
+            recurrence and padding are unchanged; numbers in docs/design.md §3). False mixes
+            buckets inside a step.
     """
 
     name: ClassVar[str] = "bucketed"

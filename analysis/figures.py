@@ -1,7 +1,10 @@
 """The report's seven figures (matplotlib; PNG and SVG), one colour, marker and line style per strategy.
 
 Colours are the Okabe–Ito palette (colour-blind safe); every strategy also has its own marker and
-line style so that the figures stay readable printed in grey. Stage times (figure 3) use grey shades
+line style so that the figures stay readable printed in grey. The i-th strategy of the registry's
+report order (``strategies.report_order()``) gets the i-th colour, marker and line style, in every
+report; names the registry does not know (variants such as ``bucketed (num_buckets=16)``) take the
+next ones. Stage times (figure 3) use grey shades
 with hatching, so that colour always means a strategy.
 
 1. :func:`frontier` — real tokens/s relative to ``sorted`` against measured gradient diversity and
@@ -35,19 +38,14 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from analysis.load import order_strategies  # noqa: E402
+from strategies import report_order  # noqa: E402
 
-PALETTE = {
-    "sorted": "#0072B2",  # blue
-    "shuffle": "#D55E00",  # vermillion
-    "bucketed": "#009E73",  # green
-    "packed": "#CC79A7",  # reddish purple
-    "length_grouped": "#E69F00",  # orange
-}
-EXTRA_COLOURS = ["#56B4E9", "#000000", "#999933", "#882255", "#44AA99", "#117733"]
-MARKERS = {"sorted": "o", "shuffle": "s", "bucketed": "^", "packed": "D", "length_grouped": "v"}
-EXTRA_MARKERS = ["P", "X", "*", "h", "<", ">"]
-LINESTYLES = {"sorted": "-", "shuffle": "--", "bucketed": "-.", "packed": ":", "length_grouped": (0, (5, 1, 1, 1))}
-EXTRA_LINESTYLES = [(0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2)), "-", "--", "-."]
+# in report order: blue, orange, green, reddish purple, vermillion, sky blue, black (Okabe–Ito), then Tol's
+COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#000000", "#999933", "#882255",
+           "#44AA99", "#117733"]
+MARKERS = ["o", "v", "^", "D", "s", "P", "X", "*", "h", "<", ">"]
+LINESTYLES = ["-", (0, (5, 1, 1, 1)), "-.", ":", "--", (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (5, 2)), "-", "--",
+              "-."]
 STAGES = [("time_data", "data", "#f0f0f0", ""), ("time_target", "target forward", "#bdbdbd", "//"),
           ("time_drafter", "drafter fwd+bwd", "#737373", ".."),
           ("time_optimizer_comm", "optimizer + comm", "#252525", "")]
@@ -72,10 +70,11 @@ class StrategyStyle:
 
     def __init__(self, strategies: Sequence[str]) -> None:
         self.strategies = order_strategies(strategies)
-        extra = [s for s in self.strategies if s not in PALETTE]
-        self._colour = {**PALETTE, **{s: EXTRA_COLOURS[i % len(EXTRA_COLOURS)] for i, s in enumerate(extra)}}
-        self._marker = {**MARKERS, **{s: EXTRA_MARKERS[i % len(EXTRA_MARKERS)] for i, s in enumerate(extra)}}
-        self._line = {**LINESTYLES, **{s: EXTRA_LINESTYLES[i % len(EXTRA_LINESTYLES)] for i, s in enumerate(extra)}}
+        registered = report_order()
+        slots = registered + [s for s in self.strategies if s not in registered]
+        self._colour = {s: COLOURS[i % len(COLOURS)] for i, s in enumerate(slots)}
+        self._marker = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(slots)}
+        self._line = {s: LINESTYLES[i % len(LINESTYLES)] for i, s in enumerate(slots)}
 
     def colour(self, strategy: str) -> str:
         return self._colour[strategy]

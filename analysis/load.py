@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from strategies import report_order
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
-
-#: strategies in the order the report shows them (others follow, alphabetically)
-STRATEGY_ORDER = ("sorted", "length_grouped", "bucketed", "packed", "shuffle")
 
 #: summary keys that must agree between the runs of one comparison
 COMPATIBILITY_KEYS = {
@@ -97,16 +96,17 @@ class Sweep:
 
 
 def order_strategies(names: Iterable[str]) -> list[str]:
-    """Report order: sorted, length_grouped, bucketed, packed, shuffle, then the others alphabetically.
+    """Report order: the registry's (``strategies.report_order()``), then unregistered names alphabetically.
 
     Variants (``bucketed (num_buckets=16)``) follow their base strategy.
     """
     names = list(dict.fromkeys(str(n) for n in names))
+    order = report_order()
 
     def key(name: str) -> tuple[int, str, str]:
         base = name.split(" (")[0]
-        rank = STRATEGY_ORDER.index(base) if base in STRATEGY_ORDER else len(STRATEGY_ORDER)
-        return (rank, base if rank == len(STRATEGY_ORDER) else "", name)
+        rank = order.index(base) if base in order else len(order)
+        return (rank, base if rank == len(order) else "", name)
 
     return sorted(names, key=key)
 

@@ -19,8 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from analysis.load import order_strategies  # noqa: E402
 from results_file import cpu_model, write_section  # noqa: E402
 
 TITLE = "## Real against teacher-forced acceptance per strategy (make demo's sweep)"
@@ -50,9 +52,7 @@ def main() -> None:
         raise SystemExit(f"no complete run under {args.sweep}; run `make demo` first")
     config = next(iter(configs.values()))
     rows = []
-    for strategy in ("sorted", "length_grouped", "bucketed", "packed", "shuffle", *sorted(runs)):
-        if strategy not in runs or any(r.startswith(f"| {strategy} |") for r in rows):
-            continue
+    for strategy in order_strategies(runs):
         summaries = runs[strategy]
         tau = [s["eval_tau"] for s in summaries if s.get("eval_tau") is not None]
         real = [s["eval_tau_real"] for s in summaries if s.get("eval_tau_real") is not None]

@@ -38,9 +38,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from results_file import cpu_model, write_section  # noqa: E402
+from strategies import report_order  # noqa: E402
 
 TITLE = "## Placements: colocated and disaggregated (CPU measured, 8 GPUs modelled)"
-STRATEGIES = ("sorted", "shuffle", "bucketed", "packed", "length_grouped")
+STRATEGIES = tuple(report_order())  # every registered strategy
 PLACEMENTS = {
     "colocated": ["topology=colocated", "trainer.nproc=3", "trainer.grad_accum=1"],
     "disaggregated": ["topology=disaggregated", "topology.target_ranks=2", "topology.drafter_ranks=1",

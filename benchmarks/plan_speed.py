@@ -66,7 +66,7 @@ PROFILE = "chat-902k"
 MAX_TOKENS = 16384
 WORLD_SIZE = 8
 SAMPLER_BATCH_SIZE = 16
-STRATEGY_NAMES = ("sorted", "shuffle", "bucketed", "packed", "length_grouped")
+STRATEGY_NAMES = tuple(strategies.report_order())  # every registered strategy
 SMALL_PROFILE = "stdlib-defs"
 SMALL_BUCKET_COUNTS = (2, 4, 8, 16, 32, 64)
 BALANCE_WINDOWS = (1, 4, 16)
@@ -159,7 +159,7 @@ def measure_strategies(lengths: np.ndarray, repeats: int) -> list[dict[str, Any]
         epoch1 = plan_strategy(lengths, name, 1)
         metrics = plan_metrics(epoch0, next_epoch_plan=epoch1)
         info = {k: v for k, v in epoch0.info.items() if k != "edges"} if epoch0.info else {}
-        if name == "bucketed" and epoch0.info.get("edges") is not None:
+        if epoch0.info.get("edges") is not None:
             info["buckets"] = len(epoch0.info["edges"])
         rows.append({"name": name, "first": first, "median": statistics.median(runs), "info": info, **metrics})
     return rows

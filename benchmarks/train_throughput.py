@@ -33,7 +33,7 @@ GOALS = {"packed": 1.0, "bucketed": 0.92}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--strategies", default="sorted,shuffle,bucketed,packed,length_grouped")
+    parser.add_argument("--strategies", default=None, help="comma-separated (default: every registered strategy)")
     parser.add_argument("--tokens", type=int, default=200_000, help="real tokens per run")
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=4)
@@ -44,7 +44,9 @@ def main() -> None:
     from harness.train.config import compose_run_config as compose
     from harness.train.run import run
 
-    strategies = args.strategies.split(",")
+    from strategies import report_order
+
+    strategies = args.strategies.split(",") if args.strategies else report_order()
     results: dict[str, list[dict]] = {s: [] for s in strategies}
     started = time.time()
     with tempfile.TemporaryDirectory() as scratch:

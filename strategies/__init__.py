@@ -24,8 +24,9 @@ API:
   indices in the original sample positions, ``Plan.consumed`` set (see :mod:`strategies.remainder`).
 - ``build_strategy(name, **options)`` → a strategy object with
   ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
-  ``available_strategies()`` → ``["bucketed", "length_grouped", "packed", "shuffle", "sorted"]``;
-  ``register_strategy(cls)`` adds one.
+  ``available_strategies()`` → the registered names, sorted; ``report_order()`` → the same in the
+  order reports and sweeps show them; ``register_strategy(cls)`` adds one (a :class:`Strategy`
+  subclass: see its docstring and docs/design.md §3, "Adding a strategy").
 - ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
   padded, the row capacity packed) and an optional cap on its samples.
 - ``balance``: None or ``RankBalance(cost_model=CostModel(a, b, c, block_size, num_anchors),
@@ -66,6 +67,7 @@ arguments: same ``(seed, epoch)`` → the same plan (random streams from
 """
 
 from .balance import RankBalance
+from .base import CliOption, Strategy
 from .builtin import (
     DEFAULT_NUM_BUCKETS,
     BucketedStrategy,
@@ -73,13 +75,21 @@ from .builtin import (
     PackedStrategy,
     ShuffleStrategy,
     SortedStrategy,
-    Strategy,
 )
 from .cost import CostModel
 from .edges import bucket_edges, expected_padded_slots
 from .epoch_plan import Budget, Plan
 from .validate import LengthsError
-from .registry import available_strategies, build_strategy, plan, register_strategy, strategy_options
+from .registry import (
+    available_strategies,
+    build_strategy,
+    plan,
+    register_strategy,
+    report_order,
+    strategy_class,
+    strategy_options,
+    unregister_strategy,
+)
 from .remainder import plan_remainder
 
 __all__ = [
@@ -92,11 +102,15 @@ __all__ = [
     "plan_remainder",
     "build_strategy",
     "available_strategies",
+    "report_order",
     "register_strategy",
+    "unregister_strategy",
+    "strategy_class",
     "strategy_options",
     "bucket_edges",
     "expected_padded_slots",
     "Strategy",
+    "CliOption",
     "SortedStrategy",
     "ShuffleStrategy",
     "BucketedStrategy",

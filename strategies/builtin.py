@@ -14,30 +14,36 @@ from typing import Any, ClassVar, Optional
 
 import numpy as np
 
-from ._assemble import MicroBatches, assemble
+from ._assemble import MicroBatches
 from ._kernels import BEST_FIT_MAX_CAPACITY, best_fit_packed, first_fit_packed, greedy_fill_padded
 from ._random import STATIC_EPOCH, Purpose, generator
-from .balance import RankBalance
-from .edges import EDGE_METHODS, _edges_from_histogram, explicit_edges, length_histogram
-from .epoch_plan import Budget, Layout, Plan
-from .validate import (
-    PreparedLengths,
-    check_oversize_policy,
-    check_positive_int,
-    check_run_shape,
-    coerce_budget,
-    prepare_lengths,
-)
+from .base import CliOption, Strategy
+from .edges import EDGE_METHODS, _edges_from_histogram, explicit_edges, length_histogram, parse_edges
+from .epoch_plan import Budget, Layout
+from .registry import register_strategy
+from .validate import check_positive_int
 
 #: default (most) buckets of ``bucketed``. With the default ``max_recurrence`` the budget-aware dp
 #: uses as many of them as lower the expected padding while every bucket keeps enough samples, so
-#: the number used follows the dataset: all 64 on the chat-902k profile at max_tokens=16384
-#: (97.7% padding efficiency, recurrence 0.004), 18 on the standard library's top-level
-#: definitions (6,096 samples: 86.7%, recurrence 0.099; 32 unbounded dp buckets there give 94.1%
-#: at recurrence 0.54). Earlier default: 32 (95.5% on chat-902k).
+#: the number used follows the dataset; the cap is high so that a large dataset is never held to
+#: fewer buckets than its padding calls for, and a small one is held back by the bound, not by it
+#: (numbers per dataset: docs/design.md §3, benchmarks/RESULTS.md).
 DEFAULT_NUM_BUCKETS = 64
 #: default ``max_recurrence`` of ``bucketed``
 DEFAULT_MAX_RECURRENCE = 0.1
+
+
+def parse_max_recurrence(text: str) -> float | None:
+    """``max_recurrence`` from text: a number in (0, 1], or ``none`` for no bound."""
+    if text.strip().lower() in ("none", "null", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a number in (0, 1] nor 'none'") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{text!r} must be in (0, 1] (or 'none' for no bound)")
+    return value
 
 
 def _compact(values: np.ndarray) -> np.ndarray:
@@ -53,69 +59,11 @@ def _max_samples(budget: Budget, n: int) -> int:
     return budget.max_samples if budget.max_samples is not None else n + 1
 
 
-@dataclass(frozen=True)
-class Strategy:
-    """Base of every strategy: validation, then micro-batches, then steps/ranks (see ``plan``)."""
-
-    name: ClassVar[str] = ""
-    layout: ClassVar[Layout] = "padded"
-
-    def plan(
-        self,
-        lengths: Any,
-        budget: Budget | int,
-        seed: int = 0,
-        epoch: int = 0,
-        world_size: int = 1,
-        grad_accum: int = 1,
-        oversize: str = "error",
-        balance: RankBalance | dict[str, Any] | None = None,
-    ) -> Plan:
-        """Plan one epoch.
-
-        Args:
-            lengths: length (tokens) of every sample, 1-D positive integers.
-            budget: a :class:`Budget` (or a bare ``max_tokens``) shared by every micro-batch.
-            seed, epoch: the plan is a pure function of them (and of the other arguments).
-            world_size, grad_accum: each optimizer step has ``world_size * grad_accum`` micro-batches.
-            oversize: ``"error"``, ``"truncate"`` or ``"drop"`` for samples longer than max_tokens.
-            balance: None, a :class:`RankBalance`, or a mapping of its fields.
-        """
-        budget, seed, epoch, world_size, grad_accum, balance, prepared = self.checked_inputs(
-            lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)
-        micro = self.micro_batches(prepared, budget, seed, epoch, world_size * grad_accum)
-        micro.info["options"] = self.options()
-        return assemble(
-            self.name, self.layout, prepared, micro, budget, seed, epoch, world_size, grad_accum, balance, oversize
-        )
-
-    def checked_inputs(self, lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance):
-        """The arguments of :meth:`plan` validated and coerced: ``(budget, seed, epoch, world_size,
-        grad_accum, balance, prepared lengths)`` (also what ``plan_remainder`` checks first)."""
-        budget = coerce_budget(budget)
-        self.check_budget(budget)
-        world_size, grad_accum, seed, epoch = check_run_shape(world_size, grad_accum, seed, epoch)
-        check_oversize_policy(oversize)
-        balance = RankBalance.coerce(balance)
-        return budget, seed, epoch, world_size, grad_accum, balance, prepare_lengths(lengths, budget, oversize)
-
-    def check_budget(self, budget: Budget) -> None:
-        """Refuse budgets the strategy cannot plan (none by default)."""
-
-    def options(self) -> dict[str, Any]:
-        """The strategy's options as plain data."""
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
-
-    def micro_batches(
-        self, prepared: PreparedLengths, budget: Budget, seed: int, epoch: int, per_step: int
-    ) -> MicroBatches:
-        """The epoch's micro-batches and their order (implemented by each strategy)."""
-        raise NotImplementedError
-
-
-def _padded_fill(
+def padded_fill(
     order: np.ndarray, lengths: np.ndarray, budget: Budget, group_offsets: np.ndarray | None = None
 ) -> np.ndarray:
+    """Greedy fill of the padded strategies: micro-batch offsets into ``order``, a micro-batch growing
+    while ``rows * longest <= max_tokens`` (and ``rows <= max_samples``), never across ``group_offsets``."""
     if group_offsets is None:
         group_offsets = np.array([0, order.size], dtype=np.int64)
     return greedy_fill_padded(
@@ -123,6 +71,7 @@ def _padded_fill(
     )
 
 
+@register_strategy
 @dataclass(frozen=True)
 class SortedStrategy(Strategy):
     """Sort by length (ties by a seeded permutation), greedy fill, shuffle micro-batch order per epoch.
@@ -132,27 +81,31 @@ class SortedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "sorted"
+    report_rank: ClassVar[int] = 0
 
     def micro_batches(self, prepared, budget, seed, epoch, per_step):
         ties = generator(seed, STATIC_EPOCH, Purpose.SORTED_TIES).permutation(prepared.kept)
         order = ties[np.argsort(_compact(prepared.lengths[ties]), kind="stable")]
-        offsets = _padded_fill(order, prepared.lengths, budget)
+        offsets = padded_fill(order, prepared.lengths, budget)
         sequence = generator(seed, epoch, Purpose.MICRO_BATCH_ORDER).permutation(offsets.size - 1)
         return MicroBatches(order, offsets, sequence)
 
 
+@register_strategy
 @dataclass(frozen=True)
 class ShuffleStrategy(Strategy):
     """Random permutation of the samples each epoch, then the same greedy fill as ``sorted``."""
 
     name: ClassVar[str] = "shuffle"
+    report_rank: ClassVar[int] = 4
 
     def micro_batches(self, prepared, budget, seed, epoch, per_step):
         order = generator(seed, epoch, Purpose.SAMPLE_ORDER).permutation(prepared.kept)
-        offsets = _padded_fill(order, prepared.lengths, budget)
+        offsets = padded_fill(order, prepared.lengths, budget)
         return MicroBatches(order, offsets, np.arange(offsets.size - 1, dtype=np.int64))
 
 
+@register_strategy
 @dataclass(frozen=True)
 class BucketedStrategy(Strategy):
     """Length buckets; shuffle inside buckets, fill inside a bucket, shuffle the micro-batch order.
@@ -179,14 +132,30 @@ class BucketedStrategy(Strategy):
             steps' worth of micro-batches: a pure step of a bucket with ``s`` steps meets again
             with probability about ``1 / s`` in the next epoch, so smaller buckets (most of them on
             small datasets) go to the mixed pool whole, keeping the step recurrence under the same
-            bound. Step order is shuffled each epoch. Default True: on ``chat-902k`` at
-            max_tokens=16384, world size 8, it lowers the rank imbalance from 1.075 to 1.024
-            (target terms; drafter blocks 2.27 -> 1.02) at the price of length-homogeneous steps:
-            length-mix excess 1.19 -> 2.52 and step recurrence 0.001 -> 0.031 (micro-batch
-            recurrence and padding are unchanged). False mixes buckets inside a step.
+            bound. Step order is shuffled each epoch. Default True: the ranks of a step then do
+            similar work (lower rank imbalance, for the target and the drafter), at the price of
+            length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
+            recurrence and padding are unchanged; numbers in docs/design.md §3). False mixes
+            buckets inside a step.
     """
 
     name: ClassVar[str] = "bucketed"
+    report_rank: ClassVar[int] = 2
+    cli_options: ClassVar[tuple[CliOption, ...]] = (
+        CliOption("--num-buckets", "num_buckets", "buckets of the bucketed strategy", type=int),
+        CliOption(
+            "--edges",
+            "edges",
+            "bucket edges of the bucketed strategy: dp, quantile, equal_tokens, or a comma list of lengths",
+            parse=parse_edges,
+        ),
+        CliOption(
+            "--max-recurrence",
+            "max_recurrence",
+            "bucketed: bound on each bucket's composition recurrence, a number in (0, 1] or 'none' (default 0.1)",
+            parse=parse_max_recurrence,
+        ),
+    )
     num_buckets: int = DEFAULT_NUM_BUCKETS
     edges: str | Sequence[int] = "dp"
     same_bucket_steps: bool = True
@@ -237,7 +206,7 @@ class BucketedStrategy(Strategy):
         bucket_sizes = np.bincount(bucket_of, minlength=edges.size)
         group_offsets = np.zeros(edges.size + 1, dtype=np.int64)
         np.cumsum(bucket_sizes, out=group_offsets[1:])
-        offsets = _padded_fill(order, prepared.lengths, budget, group_offsets)
+        offsets = padded_fill(order, prepared.lengths, budget, group_offsets)
         micro_bucket = bucket_of[by_bucket][offsets[:-1]].astype(np.int64)
         rng = generator(seed, epoch, Purpose.MICRO_BATCH_ORDER)
         if self.same_bucket_steps and per_step > 1:
@@ -276,6 +245,7 @@ def _same_bucket_sequence(
     return np.concatenate([steps.reshape(-1), leftover[num_mixed_full * per_step :]])
 
 
+@register_strategy
 @dataclass(frozen=True)
 class PackedStrategy(Strategy):
     """Random order each epoch, then first-fit (or best-fit) of whole samples into rows.
@@ -289,6 +259,7 @@ class PackedStrategy(Strategy):
 
     name: ClassVar[str] = "packed"
     layout: ClassVar[Layout] = "packed"
+    report_rank: ClassVar[int] = 3
     fit: str = "first"
 
     def __post_init__(self) -> None:
@@ -322,6 +293,7 @@ class PackedStrategy(Strategy):
 HF_MEGA_BATCH_MULT = 50
 
 
+@register_strategy
 @dataclass(frozen=True)
 class LengthGroupedStrategy(Strategy):
     """Hugging Face's ``LengthGroupedSampler`` rule under a token budget (``group_by_length=True``).
@@ -346,6 +318,14 @@ class LengthGroupedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "length_grouped"
+    report_rank: ClassVar[int] = 1
+    cli_options: ClassVar[tuple[CliOption, ...]] = (
+        CliOption("--mega-batch-mult", "mega_batch_mult", "length_grouped: megabatch size in batches (default 50)",
+                  type=int),
+        CliOption("--hf-order", "shuffle_order",
+                  "length_grouped: keep Hugging Face's unshuffled order (shows the step-length oscillation)",
+                  const=False),
+    )
     mega_batch_mult: int = HF_MEGA_BATCH_MULT
     batch_size: Optional[int] = None
     shuffle_order: bool = True
@@ -381,15 +361,9 @@ class LengthGroupedStrategy(Strategy):
         longest = heads[int(np.argmax(prepared.lengths[order[heads]]))]
         order[[0, longest]] = order[[longest, 0]]
         group_offsets = np.append(heads, order.size).astype(np.int64)
-        offsets = _padded_fill(order, prepared.lengths, budget, group_offsets)
+        offsets = padded_fill(order, prepared.lengths, budget, group_offsets)
         if self.shuffle_order:
             sequence = generator(seed, epoch, Purpose.MICRO_BATCH_ORDER).permutation(offsets.size - 1)
         else:
             sequence = np.arange(offsets.size - 1, dtype=np.int64)
         return MicroBatches(order, offsets, sequence, {"megabatch_size": int(size)})
-
-
-BUILTIN_STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (SortedStrategy, ShuffleStrategy, BucketedStrategy, PackedStrategy, LengthGroupedStrategy)
-}

@@ -17,28 +17,22 @@ Methods:
   form the distribution of its rows, its expected padded slots and its expected real tokens; the
   bucket costs its tokens times their ratio (renewal-reward), and its samples have
   ``E[rows (rows - 1)] / E[rows]`` micro-batch partners each (the formulas are in
-  ``strategies._kernels``; a brute-force enumeration of the draws checks them in the tests). An
-  earlier model gave every micro-batch of a bucket one row count (the largest n with
-  ``n * E[max of n] <= max_tokens``); on wide buckets, which a ``max_recurrence`` bound forces on
-  small datasets, it was far off: the top bucket ``[369, 2043]`` of the training runs' 647 samples at
-  ``max_tokens=2048`` counted as one unpadded row per micro-batch while real plans padded 12% there,
-  and the DP spent edges on one-sample buckets. The model ignores that the sample which overflows
-  a micro-batch opens the next one (a bias towards long first rows) and each bucket's last, partial
-  micro-batch. Measured against real plans on ``chat-902k`` at ``max_tokens=16384``, world size 8:
-  the modelled efficiency of the edges the DP picks is above the real one by 0.25 / 0.05 / 0.02 /
-  0.00 / 0.00 points at 4 / 8 / 16 / 32 / 64 buckets (0.55 / 0.41 / 0.14 / 0.03 / 0.00 with the
-  one-row-count model); on very wide buckets it is off by a few percent either way (slots 0.9%
-  low for [747, 5490], 2.3% high for one bucket of everything). Real efficiency against
-  ``dp_upper``: +2.3 / +0.6 / +0.2 / +0.1 / +0.05 points (``benchmarks/plan_speed.py``).
+  ``strategies._kernels``; a brute-force enumeration of the draws checks them in the tests). The
+  rows are modelled draw by draw, not as one row count per bucket, because a wide bucket (which a
+  ``max_recurrence`` bound forces on small datasets) mixes micro-batches of very different row
+  counts: one row count calls it unpadded and lets the DP spend edges on one-sample buckets. The
+  model ignores that the sample which overflows a micro-batch opens the next one (a bias towards
+  long first rows) and each bucket's last, partial micro-batch; how close it comes to real plans,
+  and what it gains over ``dp_upper``, is in docs/design.md §4.
   Samples longer than half the budget get one row each, no padding, so they cost their own length
   in any bucket.
   The DP is exact over a set of candidate edges: every distinct length when there are at most
   ``2 * DP_CANDIDATES_PER_GRID`` of them, otherwise the union of 256 equal-count and 256
   equal-token quantiles plus the ``quantile``, ``equal_tokens`` and ``dp_upper`` edges for the same
   number of buckets. So it is never worse, under its objective, than those three; the grid costs
-  little (on ``chat-902k`` a 4x finer grid lowers the objective by < 0.01% at 4 to 64 buckets) and
-  keeps the O(K * C^2) DP and its O(C^2) bucket costs at a few tenths of a second for 8K distinct
-  lengths and 64 buckets (:func:`strategies._kernels.budget_bucket_costs`), paid once per dataset. It may use fewer than
+  little (a finer one barely lowers the objective: docs/design.md §4) and bounds the O(K * C^2) DP
+  and its O(C^2) bucket costs (:func:`strategies._kernels.budget_bucket_costs`) by the grid, not by
+  the number of distinct lengths; they are paid once per dataset. It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).
   With ``max_recurrence`` (the ``bucketed`` option, default 0.1) a bucket whose modelled
   composition recurrence ``partners / (samples - 1)`` exceeds the bound costs ``inf``
@@ -50,7 +44,7 @@ Methods:
   ``sum(count(v) * upper_edge(bucket of v))`` (:func:`expected_padded_slots`): every sample padded
   to its bucket's upper edge, the limit of micro-batches with very many rows. Exact: the cost is
   Monge, so divide-and-conquer optimisation solves each of the K layers in O(V log V) over V
-  distinct lengths (8192 lengths x 64 buckets in a few milliseconds); never worse under that
+  distinct lengths; never worse under that
   objective than any other edges with the same number of buckets, and always uses
   ``min(num_buckets, V)`` buckets. Kept by name so earlier results stay reproducible.
 - ``"quantile"`` — equal-count percentiles (fairseq's choice).
@@ -299,3 +293,19 @@ def explicit_edges(edges: Sequence[Any], longest: int) -> np.ndarray:
     if array[-1] < longest:
         array = np.append(array, longest)
     return array
+
+
+def parse_edges(text: str) -> str | list[int]:
+    """Edges from text: a method name or a comma list of integer lengths (``batchlab-plan --edges``)."""
+    text = text.strip()
+    if text in EDGE_METHODS:
+        return text
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither one of {', '.join(EDGE_METHODS)} nor a comma list of integer lengths"
+        ) from None
+    if not values:
+        raise ValueError(f"{text!r} lists no lengths")
+    return values

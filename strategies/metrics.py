@@ -14,11 +14,11 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
   estimator ``r_k = sum_t (x_t - mean)(x_{t+k} - mean) / sum_t (x_t - mean)^2``. NaN when the
   series is constant or shorter than ``k + 1``. ``lag1_acf`` = ``acf[0]``. It shows whether
   consecutive steps have related lengths (an order that walks through sorted lengths, as
-  Hugging Face's length-grouped sampler does: +0.4 per step at world size 8, +0.6 to +0.9 per
-  batch). Every batchlab strategy but ``length_grouped(shuffle_order=False)`` permutes its
-  micro-batch order, so it is ~0 for them by construction: it says nothing about how
-  length-homogeneous each step is (see ``length_mix_excess``) or whether batches repeat (see
-  ``recurrence``). With few steps its noise is about ``1.96 / sqrt(steps)``.
+  Hugging Face's length-grouped sampler does; values in docs/design.md §3). Every batchlab
+  strategy but ``length_grouped(shuffle_order=False)`` permutes its micro-batch order, so it is
+  ~0 for them by construction: it says nothing about how length-homogeneous each step is (see
+  ``length_mix_excess``) or whether batches repeat (see ``recurrence``). With few steps its noise
+  is about ``1.96 / sqrt(steps)``.
 - **recurrence** (needs the plan of the next epoch) = among pairs of samples that share a
   micro-batch in epoch ``e``, the fraction that share one again in epoch ``e + 1``. Pairs are
   counted per group, never enumerated: ``sum_g C(n_g, 2)`` over groups of equal micro-batch in
@@ -27,8 +27,8 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
   micro-batch in ``e``. Sorted ~ 1, shuffle ~ 0.
 - **step_recurrence** = the same with optimizer steps (all ranks and accumulation micro-batches
   of a step together) in place of micro-batches: with a loss normalised over the global step,
-  step membership is what reaches the optimizer. Sorted at world size 8 on ``chat-902k``: 0.28
-  per step against 1.0 per micro-batch (its micro-batch order is shuffled each epoch).
+  step membership is what reaches the optimizer. Sorted recurs whole per micro-batch but far
+  less per step, because its micro-batch order is shuffled each epoch (docs/design.md §6).
 - **length_mix_kl** = mean over steps of ``KL(p_t || q) = sum_b p_t[b] log(p_t[b] / q[b])``, where
   ``q`` is the histogram of all planned lengths over ``mix_bins`` quantile bins of those lengths
   and ``p_t`` that of step ``t``'s samples. A step's samples are a subset of the dataset, so

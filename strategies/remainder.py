@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .balance import RankBalance
-from .builtin import Strategy
+from .base import Strategy
 from .epoch_plan import Budget, Plan
 from .registry import resolve_strategy
 

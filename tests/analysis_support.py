@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from strategies import report_order
+
 REPO = Path(__file__).resolve().parents[1]
-STRATEGIES = ("sorted", "shuffle", "bucketed", "packed", "length_grouped")  # conf/experiment/strategies_smoke.yaml
+# conf/experiment/strategies_smoke.yaml sweeps every registered strategy, in report order
+STRATEGIES = tuple(report_order())
 SEEDS = (0, 1, 2)
 
 EXPERIMENT = """\

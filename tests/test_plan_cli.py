@@ -15,8 +15,9 @@ import pytest
 
 from harness.cli.plan import main
 from harness.data.profiles import lognormal_lengths
+from strategies import available_strategies
 
-ALL_STRATEGIES = {"bucketed", "length_grouped", "packed", "shuffle", "sorted"}
+ALL_STRATEGIES = set(available_strategies())
 REQUIRED_FIELDS = {
     "strategy",
     "padding_efficiency",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -20,13 +21,18 @@ from strategies import (
     build_strategy,
     plan,
     register_strategy,
+    report_order,
+    strategy_class,
     strategy_options,
+    unregister_strategy,
 )
 from strategies._kernels import best_fit_packed, first_fit_packed, greedy_fill_padded
 from strategies.balance import rank_costs
-from strategies.registry import _REGISTRY
 
-ALL = ["bucketed", "length_grouped", "packed", "shuffle", "sorted"]
+#: the built-in strategies and their layouts (the registry may hold more)
+BUILTIN_LAYOUTS = {
+    "bucketed": "padded", "length_grouped": "padded", "packed": "packed", "shuffle": "padded", "sorted": "padded"
+}
 
 
 def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -62,13 +68,18 @@ def step_max_rank_cost(p: Plan, cost_model: CostModel) -> np.ndarray:
 # -- API and registry --------------------------------------------------------------------------
 
 
-def test_registry_lists_the_five_strategies_with_their_layouts():
-    assert available_strategies() == ALL
+def test_registry_holds_the_built_ins_with_their_layouts_and_report_order():
+    names = available_strategies()
+    assert set(BUILTIN_LAYOUTS) <= set(names) and names == sorted(names)
     lengths = np.arange(1, 50)
-    layouts = {name: plan(lengths, Budget(128), strategy=name).layout for name in ALL}
-    assert layouts == {
-        "bucketed": "padded", "length_grouped": "padded", "packed": "packed", "shuffle": "padded", "sorted": "padded"
-    }
+    layouts = {name: plan(lengths, Budget(128), strategy=name).layout for name in names}
+    assert layouts == {name: strategy_class(name).layout for name in names}
+    assert {name: layouts[name] for name in BUILTIN_LAYOUTS} == BUILTIN_LAYOUTS
+    # reports show sorted (the defect) first and shuffle (the random extreme) last of the built-ins
+    order = report_order()
+    assert sorted(order) == names
+    built_in_order = [name for name in order if name in BUILTIN_LAYOUTS]
+    assert built_in_order == ["sorted", "length_grouped", "bucketed", "packed", "shuffle"]
 
 
 def test_build_strategy_plan_equals_top_level_plan():
@@ -86,7 +97,8 @@ def test_build_strategy_plan_equals_top_level_plan():
 
 
 def test_unknown_strategy_and_options_are_refused_with_the_accepted_ones():
-    with pytest.raises(ValueError, match=r"unknown strategy 'sortd'.*bucketed, length_grouped, packed, shuffle, sorted"):
+    known = re.escape(", ".join(available_strategies()))
+    with pytest.raises(ValueError, match=f"unknown strategy 'sortd'; known strategies: {known}$"):
         build_strategy("sortd")
     with pytest.raises(ValueError, match=r"no option\(s\) \['bucket_count'\].*num_buckets, edges, same_bucket_steps"):
         build_strategy("bucketed", bucket_count=8)
@@ -107,13 +119,37 @@ def test_register_strategy_adds_a_named_strategy():
     try:
         register_strategy(ReversedShuffle)
         assert "reversed-shuffle" in available_strategies()
+        # it inherits shuffle's report_rank: reports show it right after shuffle
+        assert report_order()[report_order().index("shuffle") + 1] == "reversed-shuffle"
         p = plan(np.arange(1, 30), Budget(64), strategy="reversed-shuffle")
         assert p.strategy == "reversed-shuffle" and p.exactly_once()
         with pytest.raises(ValueError, match="already registered"):
             register_strategy(type("Other", (ShuffleStrategy,), {"name": "reversed-shuffle"}))
     finally:
-        _REGISTRY.pop("reversed-shuffle", None)
+        unregister_strategy("reversed-shuffle")
+    assert "reversed-shuffle" not in available_strategies()
     assert isinstance(build_strategy("sorted"), Strategy)
+
+
+def test_a_cli_option_must_name_a_field_of_its_strategy():
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from strategies import CliOption
+    from strategies.builtin import SortedStrategy
+
+    @dataclass(frozen=True)
+    class Misdeclared(SortedStrategy):
+        name: ClassVar[str] = "misdeclared"
+        cli_options: ClassVar[tuple] = (CliOption("--width", "width", "no such field"),)
+
+    with pytest.raises(ValueError, match=r"'misdeclared': cli_options entry .*'width'.* must be a CliOption naming"):
+        register_strategy(Misdeclared)
+    assert "misdeclared" not in available_strategies()
+    with pytest.raises(ValueError, match="give type or parse, not both"):
+        CliOption("--width", "width", "", type=int, parse=int)
+    with pytest.raises(ValueError, match="must start with '--'"):
+        CliOption("width", "width", "")
 
 
 # -- strategy semantics ------------------------------------------------------------------------
@@ -359,7 +395,7 @@ def test_short_final_step_gets_empty_micro_batches_spread_over_ranks():
 
 def test_resume_from_a_step_equals_the_tail_of_the_full_iteration():
     lengths = lognormal_lengths(6000, seed=8)
-    for name in ALL:
+    for name in available_strategies():
         kwargs = dict(seed=5, epoch=3, world_size=3, grad_accum=2)
         full = plan(lengths, Budget(16384), name, **kwargs)
         rebuilt = plan(lengths, Budget(16384), name, **kwargs)  # a restarted job rebuilds from (seed, epoch)
@@ -374,7 +410,7 @@ def test_resume_from_a_step_equals_the_tail_of_the_full_iteration():
 
 def test_different_epochs_give_different_orders():
     lengths = lognormal_lengths(3000, seed=9)
-    for name in ALL:
+    for name in available_strategies():
         a = plan(lengths, Budget(16384), name, seed=1, epoch=0, world_size=2)
         b = plan(lengths, Budget(16384), name, seed=1, epoch=1, world_size=2)
         assert not np.array_equal(a.sample_indices, b.sample_indices), name
@@ -461,7 +497,7 @@ def test_chat_902k_targets():
     lengths = lognormal_lengths(902_000, seed=0)
     budget = Budget(16384)
     results = {}  # plan time is a benchmark goal (benchmarks/plan_speed.py), not asserted here
-    for name in ALL:
+    for name in available_strategies():
         p = plan(lengths, budget, name, seed=0, epoch=0, world_size=8)
         results[name] = padding_efficiency(p)
         assert p.exactly_once(), name
@@ -484,6 +520,6 @@ def test_chat_902k_targets():
 
 def test_long_samples_and_large_budgets_plan_correctly():
     lengths = np.random.default_rng(12).integers(1, 200_000, 3000)  # beyond 16-bit lengths
-    for name in ALL:
+    for name in available_strategies():
         p = plan(lengths, Budget(1_000_000), name, world_size=3, grad_accum=2)
         assert p.exactly_once() and p.budget_violations().size == 0, name

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from train_support import REPO, compose_config
+from train_support import REPO, compose_config, sweep_params
 
 from harness.train.config import run_config_from_dict, strategy_schemas
 from harness.train.build import build_trainer
 from harness.train.distributed import Collectives, RankEnv
 from harness.train.epoch_data import EpochData
 from harness.train.topology import place
-from strategies import available_strategies
-from strategies.registry import _strategy_class
+from strategies import available_strategies, report_order, strategy_class
 
 
 def _options(group: str) -> list[str]:
@@ -26,7 +25,7 @@ def test_every_strategy_has_a_config_and_every_option_is_a_key():
     assert _options("strategy") == available_strategies()
     for name, schema in strategy_schemas().items():
         keys = {f.name for f in dataclasses.fields(schema)}
-        assert {f.name for f in dataclasses.fields(_strategy_class(name))} <= keys
+        assert {f.name for f in dataclasses.fields(strategy_class(name))} <= keys
         config = compose_config([f"strategy={name}"])
         assert config["strategy"]["name"] == name
         run_config_from_dict(config)  # the strategy accepts the composed options
@@ -74,6 +73,11 @@ def test_bad_values_are_refused_before_any_work(override, message):
         return
     with pytest.raises(ValueError, match=message):
         run_config_from_dict(config)
+
+
+@pytest.mark.parametrize("experiment", ["strategies", "strategies_smoke"])
+def test_the_strategy_sweeps_cover_every_registered_strategy_in_report_order(experiment):
+    assert sweep_params([f"experiment={experiment}"]) == {"strategy": ",".join(report_order()), "seed": "0,1,2"}
 
 
 def test_smoke_experiment_is_two_ranks_with_eval_and_checkpoints():

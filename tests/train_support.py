@@ -16,6 +16,19 @@ def compose_config(overrides):
     return compose_run_config(overrides)
 
 
+def sweep_params(overrides):
+    """``hydra.sweeper.params`` (resolved) of what `batchlab-train -m OVERRIDES` would sweep."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.train.config import CONF_DIR, register_schemas
+
+    register_schemas()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        config = compose("train", overrides=list(overrides), return_hydra_config=True)
+    return OmegaConf.to_container(config.hydra.sweeper.params, resolve=True)
+
+
 def train_cli(args, cwd, timeout=300, env_extra=None):
     """Run `batchlab-train ARGS` in a subprocess; returns the CompletedProcess."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true", **(env_extra or {}))

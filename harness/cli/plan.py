@@ -9,7 +9,8 @@ random baseline, rank imbalance, relative step cost, planning time and the exact
 its bound (bucketed's ``max_recurrence``) gets a one-line warning on stderr, and a note says when
 ``length_grouped`` pads less than ``bucketed`` at no higher recurrence. ``--json`` prints the same
 as a JSON list, one object per strategy; ``--report-dir`` adds a figure and a markdown report
-(``analysis.plan_report``). Bad input prints one line on stderr and exits with 2.
+(``analysis.plan_report``). Bad input prints one line on stderr and exits with 2. A strategy's own
+options (bucketed's ``--num-buckets``, ...) are the flags it declares (``Strategy.cli_options``).
 
 No torch on this import path: the command starts in well under a second.
 """
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from strategies import CostModel, Plan
+    from strategies import CliOption, CostModel, Plan
 
 EXIT_BAD_INPUT = 2
 # Inputs at least this large show a progress bar on stderr (when stderr is a terminal).
@@ -68,25 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategies", default=None, help="comma-separated strategy names (default: all)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs to plan; >= 2 measures recurrence (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every plan (default 0)")
-    parser.add_argument("--num-buckets", type=int, default=None, help="buckets of the bucketed strategy")
-    parser.add_argument(
-        "--edges",
-        default=None,
-        help="bucket edges of the bucketed strategy: dp, quantile, equal_tokens, or a comma list of lengths",
-    )
-    parser.add_argument(
-        "--max-recurrence",
-        default=None,
-        help="bucketed: bound on each bucket's composition recurrence, a number in (0, 1] or 'none' (default 0.1)",
-    )
-    parser.add_argument(
-        "--mega-batch-mult", type=int, default=None, help="length_grouped: megabatch size in batches (default 50)"
-    )
-    parser.add_argument(
-        "--hf-order",
-        action="store_true",
-        help="length_grouped: keep Hugging Face's unshuffled order (shows the step-length oscillation)",
-    )
+    add_strategy_flags(parser)
     parser.add_argument(
         "--oversize", choices=("error", "truncate", "drop"), default="error", help="samples longer than --max-tokens"
     )
@@ -113,42 +96,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_edges(text: str | None) -> str | list[int] | None:
-    """``--edges``: a method name or a comma list of positive integer lengths."""
-    from strategies.edges import EDGE_METHODS
-
-    if text is None:
-        return None
-    text = text.strip()
-    if text in EDGE_METHODS:
-        return text
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise BadInput(
-            f"--edges {text!r} is neither one of {', '.join(EDGE_METHODS)} nor a comma list of integer lengths"
-        ) from None
-    if not values:
-        raise BadInput(f"--edges {text!r} lists no lengths")
-    return values
+class _NotGiven:
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
 
 
-_UNSET = object()
+#: value of a strategy flag left out (the strategy's own default applies)
+NOT_GIVEN: Any = _NotGiven()
 
 
-def parse_max_recurrence(text: str | None) -> Any:
-    """``--max-recurrence``: a number in (0, 1], ``none`` (no bound), or unset (the strategy's default)."""
-    if text is None:
-        return _UNSET
-    if text.strip().lower() in ("none", "null", "off"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise BadInput(f"--max-recurrence {text!r} is neither a number in (0, 1] nor 'none'") from None
-    if not 0 < value <= 1:
-        raise BadInput(f"--max-recurrence {text!r} must be in (0, 1] (or 'none' for no bound)")
-    return value
+def strategy_flags() -> dict[str, list[tuple[str, CliOption]]]:
+    """Every flag the registered strategies declare (``Strategy.cli_options``), with the strategies declaring it."""
+    import strategies
+
+    flags: dict[str, list[tuple[str, CliOption]]] = {}
+    for name in strategies.available_strategies():
+        for option in strategies.strategy_class(name).cli_options:
+            flags.setdefault(option.flag, []).append((name, option))
+    return flags
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def add_strategy_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per strategy option declared in the registry (a flag several strategies declare: once)."""
+    for flag, declared in strategy_flags().items():
+        option = declared[0][1]
+        if option.is_switch:
+            parser.add_argument(flag, dest=_dest(flag), action="store_const", const=option.const, default=NOT_GIVEN,
+                                help=option.help)
+        else:
+            parser.add_argument(flag, dest=_dest(flag), type=option.type, default=NOT_GIVEN, help=option.help)
+
+
+def strategy_options_from_args(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The options of each strategy in ``names`` set by the flags given; every given flag is checked, whatever
+    ``names`` holds."""
+    options: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for flag, declared in strategy_flags().items():
+        given = getattr(args, _dest(flag), NOT_GIVEN)
+        if given is NOT_GIVEN:
+            continue
+        for name, option in declared:
+            try:
+                value = option.value(given)
+            except ValueError as err:
+                raise BadInput(f"{flag} {err}") from None
+            if name in options:
+                options[name][option.field] = value
+    return options
 
 
 def select_strategies(text: str | None, available: Sequence[str]) -> list[str]:
@@ -183,22 +181,7 @@ def compare_strategies(
         oversize=args.oversize,
         balance=balance,
     )
-    bucket_options: dict[str, Any] = {}
-    if args.num_buckets is not None:
-        bucket_options["num_buckets"] = args.num_buckets
-    edges = parse_edges(args.edges)
-    if edges is not None:
-        bucket_options["edges"] = edges
-    max_recurrence = parse_max_recurrence(args.max_recurrence)
-    if max_recurrence is not _UNSET:
-        bucket_options["max_recurrence"] = max_recurrence
-
-    grouped_options: dict[str, Any] = {}
-    if args.mega_batch_mult is not None:
-        grouped_options["mega_batch_mult"] = args.mega_batch_mult
-    if args.hf_order:
-        grouped_options["shuffle_order"] = False
-    strategy_options = {"bucketed": bucket_options, "length_grouped": grouped_options}
+    strategy_options = strategy_options_from_args(args, names)
 
     rows = []
     progress = tqdm(
@@ -211,7 +194,7 @@ def compare_strategies(
     )
     with progress:
         for name in names:
-            options = strategy_options.get(name, {})
+            options = strategy_options[name]
             progress.set_postfix_str(name)
             # Warm-up: compiles the strategy's kernels so the timed epochs measure planning only. The
             # sample is clipped to the budget: under --oversize drop a prefix of only oversize samples
@@ -234,7 +217,7 @@ def compare_strategies(
             options = dict(previous.info.get("options", {}))
             row["options"] = options
             row["recurrence_bound"] = options.get("max_recurrence")
-            if name == "bucketed" and previous.info.get("edges") is not None:
+            if previous.info.get("edges") is not None:
                 row["buckets"] = len(previous.info["edges"])
             rows.append(row)
     return rows
@@ -392,8 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(f"--report-dir {args.report_dir!r}: cannot write the report ({err})")
     try:
         names = select_strategies(args.strategies, strategies.available_strategies())
-        parse_edges(args.edges)
-        parse_max_recurrence(args.max_recurrence)
+        strategy_options_from_args(args, names)  # a bad strategy flag fails before the lengths are read
         source = args.lengths if args.lengths is not None else "profile:" + args.profile
         lengths = load_lengths(source, column=args.column, split=args.split)
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False

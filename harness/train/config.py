@@ -227,7 +227,7 @@ def schema_from_dataclass(name: str, cls: type, extra: list[tuple[str, Any, Any]
 
 def strategy_schemas() -> dict[str, type]:
     """One schema per registered strategy: ``name``, its options, and the rank-balancing switch."""
-    from strategies.registry import _strategy_class, available_strategies
+    from strategies import available_strategies, strategy_class
 
     common = [
         ("name", str, field(default="")),
@@ -236,7 +236,7 @@ def strategy_schemas() -> dict[str, type]:
     ]
     schemas = {}
     for strategy in available_strategies():
-        cls = _strategy_class(strategy)
+        cls = strategy_class(strategy)
         extra = [(n, t, field(default=strategy) if n == "name" else d) for n, t, d in common]
         schemas[strategy] = schema_from_dataclass(f"{cls.__name__}Config", cls, extra=extra)
     return schemas
@@ -317,18 +317,27 @@ class RunConfig:
 
 
 def register_schemas() -> None:
-    """Store the schemas in Hydra's ConfigStore.
+    """Store the schemas in Hydra's ConfigStore and register the ``batchlab_strategies`` resolver.
 
     ``run_schema`` types every group but ``strategy`` (data, target, drafter, optim, trainer, logger are
     typed fields of :class:`RunConfig`, so a group file merged into them is checked key by key); each
     strategy file names its own schema (``strategy/<name>_schema``) in its defaults list.
     """
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from strategies import report_order
 
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for strategy, schema in strategy_schemas().items():
         store.store(group="strategy", name=f"{strategy}_schema", node=schema)
+    # `${batchlab_strategies:}`: every registered strategy in report order, comma-separated, for the sweeps'
+    # `hydra.sweeper.params.strategy` (conf/experiment/strategies*.yaml), so that a new strategy joins them with
+    # no edit there. Hydra's BasicSweeper reads its params from the instantiated DictConfig, which resolves it
+    # in this process, after the strategies are registered. (A `glob(*,exclude=*_schema)` sweep over the
+    # strategy group would list the files of conf/strategy/ instead, alphabetically, whatever the registry holds.)
+    OmegaConf.register_new_resolver("batchlab_strategies", lambda: ",".join(report_order()), replace=True)
 
 
 #: the Hydra config tree (the repository's conf/, next to the installed-in-place packages)

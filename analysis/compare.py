@@ -1,6 +1,7 @@
 """Numbers of the report, all recomputed from the step histories: per run, per strategy, across seeds.
 
-Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``):
+Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the averages over steps are
+:func:`harness.train.summary.step_averages`, the same function that writes them into ``summary.json``):
 
 - ``tokens_per_second`` = Σ real_tokens / Σ step_time over the run's steps (real, non-pad tokens).
 - ``relative_throughput`` = that / the same seed's ``sorted`` run (``sorted`` is the reference; the
@@ -34,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, order_strategies
+from harness.train.summary import step_averages
 
 REFERENCE = "sorted"
 ALPHA = 0.05
@@ -123,28 +125,21 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
     rows = []
     for run in sweep.runs.itertuples(index=False):
         history = steps[steps["run"] == run.run].sort_values("step")
-        real = float(history["real_tokens"].sum())
-        slots = float(history["computed_slots"].sum())
-        time_s = float(history["step_time"].sum())
-        if "grad_stats_measured" in history.columns and "grad_diversity" in history.columns:
-            measured = history[history["grad_stats_measured"].fillna(False).astype(bool)]
-            diversity = _finite(measured["grad_diversity"])
-            noise = _finite(measured["grad_noise_scale"]) if "grad_noise_scale" in measured.columns else pd.Series([])
-        else:
-            diversity = noise = pd.Series([], dtype=float)
+        # the per-run averages the trainer's summary.json also holds: one definition, harness.train.summary
+        averages = step_averages(history.to_dict("records"), recurrence=rec_column)
         target_busy, drafter_idle = _stage_means(history)
         rows.append({
             "run": run.run, "strategy": run.strategy, "seed": int(run.seed), "steps": int(len(history)),
             "tokens_seen": int(history["tokens_seen"].iloc[-1]),
             "epochs": float(history["epochs"].iloc[-1]) if "epochs" in history.columns else math.nan,
-            "train_time_s": time_s,
-            "tokens_per_second": real / time_s if time_s > 0 else math.nan,
-            "padding_pct": 100.0 * (1.0 - real / slots) if slots > 0 else math.nan,
-            "grad_diversity": float(diversity.mean()) if len(diversity) else math.nan,
-            "grad_noise_scale": float(noise.iloc[-1]) if len(noise) else math.nan,
-            "lag1_acf": _mean_of(history, "plan_lag1_acf"),
-            "recurrence": _mean_of(history, rec_column),
-            "recurrence_kind": "step" if rec_column == "plan_step_recurrence" else "micro-batch",
+            "train_time_s": averages["step_time_sum_s"],
+            "tokens_per_second": averages["step_tokens_per_second"],
+            "padding_pct": averages["padding_pct"],
+            "grad_diversity": averages["grad_diversity"],
+            "grad_noise_scale": averages["grad_noise_scale"],
+            "lag1_acf": averages["lag1_acf"],
+            "recurrence": averages["recurrence"],
+            "recurrence_kind": averages["recurrence_kind"],
             "final_eval_loss": _last_eval(history, "eval_loss"),
             "final_eval_tau": _last_eval(history, "eval_tau"),
             "final_eval_tau_real": _last_eval(history, "eval_tau_real"),

@@ -60,7 +60,7 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
              "y": ["time_data", "time_target", "time_drafter", "time_optimizer_comm"]},
         ],
         "acf": [
-            {"kind": "bar", "title": "lag-1 ACF of step mean length", "metrics": ["plan_acf_lag1"]},
+            {"kind": "bar", "title": "lag-1 ACF of step mean length", "metrics": ["lag1_acf"]},
             {"kind": "line", "title": "plan ACF by lag (per epoch)", "x": x, "y": [f"plan_acf/{k}" for k in range(8)]},
         ],
         "streaks": [

@@ -71,8 +71,6 @@ def strategy_class(name: Any) -> type[Strategy]:
     return _REGISTRY[name]
 
 
-
-
 def build_strategy(name: str, **options: Any) -> Strategy:
     """A configured strategy by registry name; options are the strategy's fields."""
     cls = strategy_class(name)

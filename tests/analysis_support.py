@@ -3,7 +3,9 @@
 ``tiny_sweep(root)`` runs ``batchlab-train -m experiment=strategies_smoke``: every strategy × 3 seeds
 on one CPU rank (a 48-document slice, 384-token budget, 2 accumulation micro-batches so that the
 gradient statistics are measured, about 2 epochs): a few seconds a run. ``wandb_run(root)`` adds one
-run logged to an offline W&B run. Both are memoised, so every test module shares them.
+run logged to an offline W&B run. Both are built once per test session and shared by every test module
+(and, under pytest-xdist, by every worker: the first one builds under a file lock, the others wait and
+reuse it).
 """
 
 import json
@@ -44,6 +46,33 @@ trainer:
 _built: dict[str, Path] = {}
 
 
+def _once(name: str, root: Path, build) -> Path:
+    """``build(directory)`` run once per session: in ``root`` alone, or under pytest-xdist in a directory all the
+    session's workers share (the first builds under a file lock; a ``.done`` marker says it finished)."""
+    if name in _built:
+        return _built[name]
+    # a worker's temporary directories lie in .../pytest-N/popen-gwK/: .../pytest-N is the session's, shared
+    # by its workers and cleaned up by pytest like the rest
+    workers = [p.parent for p in Path(root).resolve().parents if p.name.startswith("popen-gw")]
+    if not workers:
+        directory = Path(root) / name
+        build(directory)
+    else:
+        from filelock import FileLock
+
+        shared = workers[0] / "shared"
+        shared.mkdir(parents=True, exist_ok=True)
+        directory = shared / name
+        with FileLock(str(shared / f"{name}.lock")):
+            if not (shared / f"{name}.done").exists():
+                if directory.exists():
+                    shutil.rmtree(directory)  # a worker died while building it
+                build(directory)
+                (shared / f"{name}.done").touch()
+    _built[name] = directory
+    return directory
+
+
 def _config_dir(root: Path) -> Path:
     conf = root / "conf"
     (conf / "experiment").mkdir(parents=True, exist_ok=True)
@@ -64,21 +93,19 @@ def _train(args, root: Path, timeout: int = 600) -> None:
 def tiny_sweep(root: Path) -> Path:
     """The project's own test sweep, ``experiment=strategies_smoke`` (every strategy x 3 seeds; sub-directories
     ``strategy=X,seed=S``)."""
-    if "sweep" not in _built:
-        sweep = Path(root) / "sweep"
-        _train(["-m", "experiment=strategies_smoke", "logger=none", f"hydra.sweep.dir={sweep}"], Path(root))
-        _built["sweep"] = sweep
-    return _built["sweep"]
+    def build(sweep: Path) -> None:
+        _train(["-m", "experiment=strategies_smoke", "logger=none", f"hydra.sweep.dir={sweep}"], sweep.parent)
+
+    return _once("sweep", root, build)
 
 
 def wandb_run(root: Path) -> Path:
     """A sweep directory with one short packed run logged to an offline W&B run as well."""
-    if "wandb" not in _built:
-        sweep = Path(root) / "wandb-sweep"
+    def build(sweep: Path) -> None:
         _train(["-m", "experiment=analysis_tiny", "strategy=packed", "seed=0", "trainer.stop_tokens=2500",
-                "logger=wandb", f"hydra.sweep.dir={sweep}"], Path(root))
-        _built["wandb"] = sweep
-    return _built["wandb"]
+                "logger=wandb", f"hydra.sweep.dir={sweep}"], sweep.parent)
+
+    return _once("wandb-sweep", root, build)
 
 
 def run_dirs(sweep: Path) -> list[Path]:
@@ -114,12 +141,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def report_dir(root: Path) -> Path:
     """``batchlab-report SWEEP --out ...`` of the tiny sweep, run once (in process)."""
-    if "report" not in _built:
+    def build(out: Path) -> None:
         from analysis.cli import main
 
-        out = Path(root) / "report"
         code = main([str(tiny_sweep(root)), "--out", str(out)])
         if code != 0:
             raise RuntimeError(f"batchlab-report exited with {code}")
-        _built["report"] = out
-    return _built["report"]
+
+    return _once("report", root, build)

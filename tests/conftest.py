@@ -25,8 +25,13 @@ import os  # noqa: E402
 
 @pytest.fixture(scope="session")
 def batchlab_cache(tmp_path_factory):
-    """One corpus/tokenizer cache for the whole session (the stdlib parse is built once)."""
-    cache = tmp_path_factory.mktemp("batchlab-cache")
+    """One corpus/tokenizer cache for the whole session (the stdlib parse is built once), shared by the workers of
+    a pytest-xdist session (the cache's entries are built under a file lock, atomically)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        cache = tmp_path_factory.getbasetemp().parent / "batchlab-cache"
+        cache.mkdir(exist_ok=True)
+    else:
+        cache = tmp_path_factory.mktemp("batchlab-cache")
     previous = os.environ.get("BATCHLAB_CACHE")
     os.environ["BATCHLAB_CACHE"] = str(cache)
     yield cache

@@ -75,6 +75,8 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
         mine = records[(summary["strategy"], summary["seed"])]
         assert summary["padding_ratio"] * 100 == pytest.approx(mine["padding_pct"], abs=1e-9)
         assert summary["eval_loss"] == pytest.approx(mine["final_eval_loss"])
+        for column in ("grad_diversity", "lag1_acf", "recurrence"):  # one definition of the run's averages
+            assert summary[column] == pytest.approx(mine[column], rel=1e-12, abs=1e-15), column
 
 
 def test_student_t_matches_the_tables():

@@ -123,7 +123,8 @@ def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache
 
 @pytest.mark.parametrize(("rank", "role", "at"), [(2, "target", 4), (0, "drafter", 3)])
 def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab_cache):
-    """``BATCHLAB_TEST_KILL=RANK:N`` SIGKILLs a target rank at its N-th micro-batch, a drafter rank at step N."""
+    """``BATCHLAB_TEST_KILL=RANK:N`` SIGKILLs a target rank as it sends its N-th micro-batch, a drafter rank as it
+    starts waiting for the features of step N."""
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = train_cli([*SMALL, *DISAGGREGATED, "topology.peer_timeout_s=5", "trainer.stop_tokens=60000",
@@ -137,9 +138,9 @@ def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab
                      r"\(SIGKILL\)", output), output[-3000:]
     statuses = read_statuses(run_dir)
     dead = statuses[rank]
-    # a target rank dies as it sends its micro-batch; a drafter rank between step at-1 and step at
+    # a target rank dies as it sends its micro-batch; a drafter rank as it waits for step at's features
     assert dead["role"] == role, dead
-    assert dead["stage"] == "send" if role == "target" else dead["step"] == at - 1, dead
+    assert dead["stage"] == "send" if role == "target" else (dead["stage"], dead["step"]) == ("wait_features", at), dead
     # the job ended soon after the kill, long before the run would have (60000 tokens)
     assert time.time() - dead["time"] < 30, f"the job took {time.time() - dead['time']:.0f} s to end after the kill"
     assert len(read_jsonl(run_dir / "metrics.jsonl")) < 10

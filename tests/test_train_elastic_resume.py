@@ -124,9 +124,9 @@ def test_a_resume_inside_the_replanned_epoch_repeats_it_exactly(tmp_path, stoppe
     reference, _ = resumed_on_one_rank
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
-    again = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1"], after_steps=component_state(saved, "progress")["global_step"] + 6,
-                            sig=signal.SIGTERM)
-    assert again["fingerprint"]["world_size"] == 1 and again["state"]["replanned_from"] is not None
+    again = _stop_mid_epoch(run_dir, tmp_path, ["trainer.nproc=1"],
+                            after_steps=component_state(saved, "progress")["global_step"] + 6, sig=signal.SIGTERM)
+    assert again["fingerprint"]["world_size"] == 1 and component_state(again, "data")["replanned"] is not None
     resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "resumed a" not in resumed.stdout  # the same world size: the checkpoint's own (re-planned) plan

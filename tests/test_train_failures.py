@@ -87,7 +87,7 @@ def test_exception_in_a_rank_is_named_with_its_stage_and_step(tmp_path, batchlab
     traceback_file = run_dir / "status" / "rank1.traceback"
     assert str(traceback_file) in message
     text = traceback_file.read_text()
-    assert "_fail_for_test" in text  # the rank's own traceback, with the stage noted on the exception
+    assert 'harness/train/faults.py", line' in text  # the rank's own traceback, with the stage noted on the exception
     assert f"batchlab: rank 1 failed in stage 'target_forward' of step {FAIL_STEP}" in text
     _assert_checkpoint_survives(run_dir, FAIL_STEP - 1)
 

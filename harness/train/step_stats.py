@@ -93,7 +93,7 @@ class StepStats:
 
     def gather(self, comm: Any) -> RankStats:
         """Every rank's stats (a collective: every rank calls it with vectors of the same length)."""
-        return RankStats(comm.all_gather(self.vector()), self._layout())
+        return RankStats(comm.all_gather(self.vector()), self._layout(), type(self))
 
     def _layout(self) -> dict[str, slice]:
         layout, start = {}, 0
@@ -108,9 +108,10 @@ class RankStats:
     """Every rank's :class:`StepStats`: ``stats["real_tokens"]`` is a ``[world]`` tensor (``[world, n]`` for a
     vector field), ``stats.total(name)`` its sum over ranks."""
 
-    def __init__(self, matrix: torch.Tensor, layout: dict[str, Any]) -> None:
+    def __init__(self, matrix: torch.Tensor, layout: dict[str, Any], stats_class: type = StepStats) -> None:
         self.matrix = matrix
         self.layout = layout
+        self.stats_class = stats_class
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.matrix[:, self.layout[name]]
@@ -121,7 +122,7 @@ class RankStats:
     def reported(self) -> dict[str, Any]:
         """The fields declared with ``report=``, reduced over ranks, under their record names."""
         out = {}
-        for f in fields(StepStats):
+        for f in fields(self.stats_class):
             reduce = f.metadata.get("report")
             if reduce is not None:
                 value = REDUCTIONS[reduce](self[f.name])

@@ -1,0 +1,358 @@
+"""The trainer's components on their own, in-process: step statistics by name, versioned checkpoints, the
+consumed-sample counts, gradient statistics, the epoch data's re-plan, test-only faults, and a failed run
+closing its logger."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from train_support import compose_config
+
+from harness.models.drafter_loss import DrafterLoss
+from harness.train import faults
+from harness.train.checkpoint import (
+    CheckpointManager,
+    CheckpointVersionError,
+    FingerprintMismatch,
+    checkpoint_paths,
+    load_checkpoint,
+    save_checkpoint,
+)
+from harness.train.config import run_config_from_dict
+from harness.train.consumed import ConsumedSamples
+from harness.train.distributed import Collectives, RankEnv
+from harness.train.grad_stats import BucketNorms, GradientStatistics, _squared_norms
+from harness.train.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
+
+
+class ManyRanks(Collectives):
+    """Collectives of rank 0 among ranks whose other tensors are given (all_gather stacks, all_reduce sums)."""
+
+    def __init__(self, others: list[torch.Tensor]) -> None:
+        super().__init__(RankEnv(0, 1 + len(others)))
+        self.others = others
+
+    def all_gather(self, tensor):
+        return torch.stack([tensor, *self.others])
+
+    def all_reduce_sum(self, tensor):
+        return tensor + sum(self.others)
+
+
+def _stats(**values):
+    slots = values.pop("slots", [0.0, 0.0])
+    return StepStats(**values, correct_per_position=torch.tensor(slots[0]), count_per_position=torch.tensor(slots[1]))
+
+
+# ---------------------------------------------------------------- step statistics
+def test_step_stats_are_gathered_and_reported_by_name():
+    other = _stats(real_tokens=30, computed_slots=40, samples=3, length_sum=30, length_sq_sum=350, weighted_ce_sum=6.0,
+                   weight_sum=2.0, block_count=4, blocks_computed=8, step_time=2.0, data_wait=0.5, target_time=0.5,
+                   drafter_time=1.0, peak_memory_mb=700, slots=[[1.0, 0.0], [2.0, 1.0]])
+    mine = _stats(real_tokens=10, computed_slots=10, samples=1, length_sum=10, length_sq_sum=100, weighted_ce_sum=2.0,
+                  weight_sum=2.0, block_count=2, blocks_computed=2, step_time=1.0, target_time=0.2, drafter_time=0.3,
+                  peak_memory_mb=500, stop_requested=1.0, slots=[[2.0, 1.0], [2.0, 1.0]])
+    ranks = mine.gather(ManyRanks([other.vector()]))
+    assert ranks["real_tokens"].tolist() == [10.0, 30.0] and ranks.total("weight_sum") == 4.0
+    assert ranks["correct_per_position"].tolist() == [[2.0, 1.0], [1.0, 0.0]]
+    record = step_record(ranks, grad_norm=0.5, lr=1e-3, optimizer_time=0.25)
+    # reported fields: by their reduction and record name, integers where declared
+    assert record["real_tokens"] == 40 and isinstance(record["real_tokens"], int) and record["blocks"] == 6
+    assert record["peak_memory_mb"] == 700 and record["time_data"] == 0.25 and record["time_drafter"] == 0.65
+    # derived: the global normaliser, never a mean of per-rank means
+    assert record["loss"] == pytest.approx(8.0 / 4.0) and record["loss_max_rank"] == pytest.approx(3.0)
+    assert record["accuracy_per_position"] == [pytest.approx(3 / 4), pytest.approx(1 / 2)]
+    assert record["padding_ratio"] == pytest.approx(1 - 40 / 50)
+    assert record["step_time"] == pytest.approx(2.25) and record["tokens_per_second"] == pytest.approx(40 / 2.25)
+    assert record["step_mean_length"] == pytest.approx(10.0) and record["samples_per_step"] == 4
+    assert record["rank_imbalance"] == pytest.approx(1.5 / 1.0)
+    assert bool(ranks["stop_requested"].max() > 0)  # one rank asked to stop: every rank sees it
+
+
+def test_a_metric_is_one_field():
+    @dataclasses.dataclass
+    class WithQueue(StepStats):
+        queue_depth: float = stat("max")
+
+    mine, other = WithQueue(queue_depth=3.0), WithQueue(queue_depth=7.0)
+    record = step_record(mine.gather(ManyRanks([other.vector()])), grad_norm=1.0, lr=0.0, optimizer_time=0.0)
+    assert record["queue_depth"] == 7.0
+    with pytest.raises(ValueError, match="report='median' is not one of"):
+        stat("median")
+
+
+def test_an_empty_rank_has_no_loss_of_its_own():
+    empty = _stats(step_time=1.0)
+    busy = _stats(weighted_ce_sum=3.0, weight_sum=1.0, step_time=1.0)
+    record = step_record(empty.gather(ManyRanks([busy.vector()])), 1.0, 0.0, 0.0)
+    assert record["loss"] == 3.0 and record["loss_max_rank"] == 3.0
+    assert math.isnan(step_record(empty.gather(Collectives(RankEnv())), 1.0, 0.0, 0.0)["loss"])
+
+
+def test_drafter_loss_sums_reduce_field_by_field():
+    sums = DrafterLoss.zeros(3)
+    sums = dataclasses.replace(sums, weight_sum=torch.tensor(2.0), count_per_position=torch.tensor([1.0, 2.0, 3.0]))
+    other = torch.arange(1, 14, dtype=torch.float64)  # the other rank's 7 sums and 2 x 3 per-position sums
+    reduced = reduce_sum(sums, ManyRanks([other]))
+    assert float(reduced.weighted_ce_sum) == 1.0 and float(reduced.weight_sum) == 4.0
+    assert reduced.correct_per_position.tolist() == [8, 9, 10]
+    assert reduced.count_per_position.tolist() == [1 + 11, 2 + 12, 3 + 13]
+
+
+# ---------------------------------------------------------------- checkpoints
+class Counter:
+    state_version = 1
+
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def _manager(run_dir, components, fingerprint=None):
+    return CheckpointManager(run_dir, components, fingerprint=fingerprint or {"seed": 0, "world_size": 1},
+                             config={"seed": 0}, keep=2, is_main=True, barrier=lambda: None,
+                             status=type("Status", (), {"stage": staticmethod(lambda name, step: None)})())
+
+
+def test_checkpoint_components_round_trip_and_the_newest_are_kept(tmp_path):
+    saved = _manager(tmp_path, {"a": Counter(3), "b": Counter(5)})
+    for step in (1, 2, 3):
+        saved.components["a"].value = step
+        saved.save(step)
+    assert [p.name for p in checkpoint_paths(tmp_path)] == ["step-00000002.pt", "step-00000003.pt"]
+    loaded = _manager(tmp_path, {"a": Counter(), "b": Counter()})
+    restored = loaded.restore()
+    assert restored.path.name == "step-00000003.pt" and restored.layout_changed == []
+    assert loaded.components["a"].value == 3 and loaded.components["b"].value == 5
+    assert _manager(tmp_path / "empty", {"a": Counter()}).restore() is None
+
+
+def test_other_state_versions_are_refused_before_anything_loads(tmp_path):
+    _manager(tmp_path, {"a": Counter(3), "b": Counter(5)}).save(1)
+    newer, untouched = Counter(), Counter()
+    newer.state_version = 2
+    with pytest.raises(CheckpointVersionError, match=r"'a' state is version 1 \(older\), this batchlab reads 2") as err:
+        _manager(tmp_path, {"b": untouched, "a": newer}).restore()
+    assert "trainer.resume=false" in str(err.value)
+    assert untouched.value == 0  # refused whole, not half-loaded
+    older = Counter()
+    older.state_version = 0
+    with pytest.raises(CheckpointVersionError, match=r"'a' state is version 1 \(newer\)"):
+        _manager(tmp_path, {"a": older, "b": Counter()}).restore()
+    with pytest.raises(CheckpointVersionError, match="'c' is missing"):
+        _manager(tmp_path, {"a": Counter(), "b": Counter(), "c": Counter()}).restore()
+
+
+@pytest.mark.parametrize(("fmt", "age"), [(None, "an older"), (99, "a newer")])
+def test_other_checkpoint_formats_are_refused(tmp_path, fmt, age):
+    state = {"fingerprint": {}, "state": {"global_step": 1}} if fmt is None else {"format": fmt, "components": {}}
+    save_checkpoint(tmp_path, 1, state, keep=1)
+    with pytest.raises(CheckpointVersionError, match=f"{age} batchlab wrote it"):
+        _manager(tmp_path, {"a": Counter()}).restore()
+
+
+def test_another_plan_is_refused_but_world_size_may_change(tmp_path):
+    _manager(tmp_path, {"a": Counter(1)}, fingerprint={"seed": 0, "world_size": 2}).save(1)
+    restored = _manager(tmp_path, {"a": Counter()}, fingerprint={"seed": 0, "world_size": 1}).restore()
+    assert restored.layout_changed == ["world_size"] and restored.fingerprint["world_size"] == 2
+    with pytest.raises(FingerprintMismatch, match="seed: checkpoint 0, now 1"):
+        _manager(tmp_path, {"a": Counter()}, fingerprint={"seed": 1, "world_size": 2}).restore()
+    assert load_checkpoint(checkpoint_paths(tmp_path)[-1])["components"]["a"] == {"version": 1, "state": {"value": 1}}
+
+
+# ---------------------------------------------------------------- consumed samples
+class _Batch:
+    def __init__(self, rows):
+        self.sample_indices = torch.tensor(rows)
+
+
+def test_consumed_counts_check_exactly_once_and_log_every_micro_batch(tmp_path):
+    consumed = ConsumedSamples(6, Collectives(RankEnv()), tmp_path, record=True)
+    consumed.open_log(0)
+    consumed.add([_Batch([0, 2]), _Batch([4])], step=1, epoch=0, step_in_epoch=0)
+    assert consumed.at_most_once()
+    assert consumed.end_epoch(np.array([0, 2, 4])) is True and not consumed.counts.any()  # the next epoch restarts
+    consumed.add([_Batch([1, 1])], step=2, epoch=1, step_in_epoch=0)
+    assert not consumed.at_most_once()
+    assert consumed.end_epoch(np.array([1])) is False
+    consumed.close()
+    lines = [json.loads(line) for line in (tmp_path / "consumed" / "rank0.jsonl").read_text().splitlines()]
+    assert [line["rows"] for line in lines] == [[0, 2], [4], [1, 1]] and [line["step"] for line in lines] == [1, 1, 2]
+
+
+def test_a_resume_gives_the_counts_to_rank_0_and_truncates_the_log(tmp_path):
+    first = ConsumedSamples(4, Collectives(RankEnv()), tmp_path, record=True)
+    first.open_log(0)
+    for step in (1, 2, 3):
+        first.add([_Batch([step])], step=step, epoch=0, step_in_epoch=step - 1)
+    saved = first.state_dict()
+    first.close()
+    on_rank_1 = ConsumedSamples(4, Collectives(RankEnv(1, 2)), tmp_path / "r1", record=False)
+    on_rank_1.load_state_dict(saved)
+    assert not on_rank_1.counts.any() and on_rank_1.resumed_total.tolist() == [0, 1, 1, 1]
+    resumed = ConsumedSamples(4, Collectives(RankEnv()), tmp_path, record=True)
+    resumed.load_state_dict(saved)
+    assert resumed.counts.tolist() == [0, 1, 1, 1]
+    resumed.open_log(2)  # the checkpoint was of step 2: the log's step 3 is redone
+    resumed.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "consumed" / "rank0.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+# ---------------------------------------------------------------- gradient statistics
+class _Bucket:
+    def __init__(self, params):
+        self._params = params
+
+    def parameters(self):
+        return self._params
+
+    def gradients(self):
+        return [p.grad for p in self._params]
+
+
+def test_gradient_norms_do_not_depend_on_the_bucket_layout():
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (1000, 7, 4096, 33, 129)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=generator) * 1e3
+    totals = []
+    for layout in ([params], [params[3:], params[:3]], [[p] for p in reversed(params)]):
+        norms = BucketNorms()
+        norms.start()
+        for bucket in layout:
+            norms.local_sq.update(_squared_norms(_Bucket(bucket)))
+            norms.global_sq.update(_squared_norms(_Bucket(bucket)))
+        totals.append(norms.stop())
+    assert totals[0] == totals[1] == totals[2]  # bit for bit
+    assert totals[0][0] == pytest.approx(sum(float(p.grad.double().square().sum()) for p in params), rel=1e-12)
+
+
+def test_accumulation_diversity_is_measured_on_chosen_steps_and_carried_between():
+    weight = torch.nn.Parameter(torch.zeros(4))
+    grads = GradientStatistics([weight], Collectives(RankEnv()), every=2, ema=0.5)
+    contributions = [torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0, 0.0])]
+
+    def step(number):
+        weight.grad = None
+        grads.start_step(number, len(contributions))
+        for g in contributions:
+            weight.grad = g.clone() if weight.grad is None else weight.grad + g
+            grads.micro_batch_done(weight_sum=1.0, global_weight=2.0)
+        return grads.end_step(global_weight=2.0, local_weight=2.0)
+
+    skipped = step(1)
+    assert skipped["grad_stats_measured"] is False and math.isnan(skipped["grad_diversity"])
+    measured = step(2)
+    assert measured["grad_stats_measured"] is True
+    assert measured["grad_diversity"] == pytest.approx(2 / 2)  # orthogonal halves: Σ|g_k|² / |Σ g_k|² = 1
+    carried = step(3)
+    assert carried["grad_stats_measured"] is False and carried["grad_diversity"] == measured["grad_diversity"]
+    again = GradientStatistics([weight], Collectives(RankEnv()), every=2, ema=0.5)
+    again.load_state_dict(grads.state_dict())
+    assert again.state_dict() == grads.state_dict()
+
+
+# ---------------------------------------------------------------- epoch data
+def test_an_elastic_resume_plans_exactly_the_rest_of_the_epoch(batchlab_cache):
+    from harness.train.epoch_data import EpochData
+
+    config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none"]))
+    data = EpochData(config, Collectives(RankEnv()))
+    whole = data.plan_epoch(0)
+    first_half = np.concatenate([whole.micro_batch(step, 0, a) for step in range(whole.num_steps // 2)
+                                 for a in range(whole.grad_accum)])
+    consumed = np.zeros(len(data.samples), dtype=np.int64)
+    consumed[data.train_rows[first_half]] = 1
+    rest, left = data.replan_rest(0, consumed, "ckpt")
+    assert data.replanned(0) and not data.replanned(1) and data.plan_epoch(0) is rest
+    rest_rows = np.concatenate([rest.micro_batch(s, 0, a) for s in range(rest.num_steps) for a in range(rest.grad_accum)])
+    assert left == len(rest_rows) == data.train_rows.size - first_half.size
+    assert sorted(np.concatenate([first_half, rest_rows]).tolist()) == list(range(data.train_rows.size))
+    saved = data.state_dict()
+    other = EpochData(config, Collectives(RankEnv()))
+    other.load_state_dict(saved)
+    assert other.replanned(0) and np.array_equal(other.plan_epoch(0).sample_indices, rest.sample_indices)
+    consumed[data.train_rows[first_half[0]]] = 2
+    with pytest.raises(ValueError, match="a sample consumed 2 times"):
+        data.replan_rest(0, consumed, "ckpt")
+
+
+# ---------------------------------------------------------------- faults (test-only)
+def test_the_fault_hook_is_off_unless_a_test_names_the_rank(monkeypatch):
+    monkeypatch.delenv(faults.TEST_FAIL_ENV, raising=False)
+    monkeypatch.delenv(faults.TEST_KILL_ENV, raising=False)
+    assert faults.stage_hook(0) is None
+    monkeypatch.setenv(faults.TEST_FAIL_ENV, "1:3:drafter_forward:raise")
+    assert faults.stage_hook(0) is None
+    hook = faults.stage_hook(1)
+    hook("drafter_forward", 2)
+    hook("optimizer", 3)
+    with pytest.raises(RuntimeError, match="simulated failure of rank 1 in stage 'drafter_forward' of step 3"):
+        hook("drafter_forward", 3)
+
+
+def test_kill_counts_a_targets_sends(monkeypatch):
+    killed = []
+    monkeypatch.delenv(faults.TEST_FAIL_ENV, raising=False)
+    monkeypatch.setenv(faults.TEST_KILL_ENV, "2:3")
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append(sig))
+    hook = faults.stage_hook(2)
+    for stage in ("target_forward", "send", "target_forward", "send", "wait_credit"):
+        hook(stage, 1)
+    assert killed == []
+    hook("send", 2)
+    assert len(killed) == 1
+    monkeypatch.setenv(faults.TEST_KILL_ENV, "2:x")
+    with pytest.raises(ValueError, match="expected RANK:N"):
+        faults.stage_hook(2)
+
+
+# ---------------------------------------------------------------- a failed run
+class RecordingSink:
+    def __init__(self):
+        self.records, self.closed = [], []
+
+    def log(self, record):
+        self.records.append(record)
+
+    def log_table(self, *args):
+        pass
+
+    def summary(self, values):
+        pass
+
+    def close(self, failed=False):
+        self.closed.append(failed)
+
+
+def test_a_failing_run_closes_its_logger_as_failed_once(tmp_path, batchlab_cache):
+    from harness.train.build import build_trainer
+    from harness.train.metrics import MetricLogger
+    from harness.train.topology import place
+
+    config = run_config_from_dict(compose_config([
+        "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.progress=false", "trainer.stop_tokens=3000",
+        "trainer.eval_every_tokens=1000", "trainer.eval_real_prompts=0"]))
+    trainer = build_trainer(config, tmp_path, place(config.topology, RankEnv()))
+    sink = RecordingSink()
+    trainer.logger = MetricLogger([sink])
+
+    def broken_eval(step):
+        raise RuntimeError("eval broke")
+
+    trainer.evaluator = broken_eval
+    with pytest.raises(RuntimeError, match="eval broke"):
+        trainer.train()
+    trainer.abort()  # the launcher's own abort after the exception: nothing closes twice
+    assert sink.closed == [True]  # the W&B run would be finished as failed (exit code 1), once

@@ -22,12 +22,22 @@ SUMMARY_KEYS = {"strategy", "seed", "tokens_seen", "tokens_per_second", "padding
                 "samples_seen_once", "grad_diversity", "status"}
 
 
-@pytest.mark.parametrize("strategy", available_strategies())
-def test_smoke_experiment_on_two_ranks(strategy, tmp_path, batchlab_cache):
-    run_dir = tmp_path / "run"
-    result = train_cli(["experiment=smoke", f"strategy={strategy}", "trainer.record_consumed=true",
-                        "trainer.progress=false", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def smoke_sweep(tmp_path_factory, batchlab_cache):
+    """``batchlab-train -m experiment=smoke strategy=<every registered one>``: one job after another, each on
+    2 gloo ranks (the sweep the tests below share; a job's directory is its strategy's name)."""
+    root = tmp_path_factory.mktemp("smoke")
+    sweep = root / "sweep"
+    result = train_cli(["-m", "experiment=smoke", f"strategy={','.join(available_strategies())}",
+                        "trainer.record_consumed=true", "trainer.progress=false", f"hydra.sweep.dir={sweep}",
+                        "hydra.sweep.subdir=${strategy.name}"], cwd=root, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return sweep
+
+
+@pytest.mark.parametrize("strategy", available_strategies())
+def test_smoke_experiment_on_two_ranks(strategy, smoke_sweep):
+    run_dir = smoke_sweep / strategy
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert records, "no step logged"
     for record in records:
@@ -75,20 +85,19 @@ def read_jsonl_one(path):
     return json.loads(path.read_text())
 
 
-def test_multirun_runs_its_jobs_one_after_another(tmp_path, batchlab_cache):
-    sweep = tmp_path / "sweep"
-    result = train_cli(["-m", "experiment=smoke", "strategy=sorted,packed", "trainer.nproc=2",
-                        "trainer.stop_tokens=6000", "trainer.eval_every_tokens=3000", "logger=none",
-                        "trainer.progress=false", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    summaries = sorted(sweep.glob("*/summary.json"))
-    assert len(summaries) == 2
-    names = sorted(p.parent.name for p in summaries)
-    assert any("strategy=packed" in n for n in names) and any("strategy=sorted" in n for n in names)
+def test_multirun_runs_its_jobs_one_after_another(smoke_sweep):
+    """Hydra outside, each job starting its own ranks: the second job does not block on the first one's group."""
+    summaries = sorted(smoke_sweep.glob("*/summary.json"))
+    assert sorted(p.parent.name for p in summaries) == sorted(available_strategies())
+    finished = []
     for path in summaries:
         summary = read_jsonl_one(path)
         assert summary["status"] == "complete" and summary["world_size"] == 2
-        assert summary["strategy"] in path.parent.name
+        assert summary["strategy"] == path.parent.name
+        finished.append((path.stat().st_mtime, summary["wall_time_s"]))
+    finished.sort()
+    for (before, _), (after, took) in zip(finished, finished[1:]):
+        assert after - took >= before - 1.0  # a job started once the one before it had finished
 
 
 def test_runs_unchanged_under_an_external_torchrun(tmp_path, batchlab_cache):

@@ -95,7 +95,9 @@ def test_submitit_local_failure_names_the_rank_that_failed_first(tmp_path, batch
                        env_extra={TEST_FAIL_ENV: "1:3:target_forward:raise"})
     assert result.returncode != 0
     (rank0_log,) = sweep.glob(".submitit/*/*_0_log.err")
-    report = next(line for line in rank0_log.read_text().splitlines() if line.startswith("[rank 0]"))
+    reports = [line for line in rank0_log.read_text().splitlines() if line.startswith("[rank 0]")]
+    assert reports, f"rank 0's log holds no report line; it holds:\n{rank0_log.read_text()[-3000:]}"
+    report = reports[0]
     assert re.search(r"\(in stage '\w+' of step 3; traceback in ", report), report
     assert ("before it, rank 1 failed in stage 'target_forward' of step 3: RuntimeError: "
             f"{TEST_FAIL_ENV}: simulated failure") in report, report

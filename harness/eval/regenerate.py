@@ -43,7 +43,7 @@ from harness.eval.speculative import _inference
 PREFIX = "regen"
 FORMAT_VERSION = 1
 DATASET_DIR = "dataset"
-#: seed of a random-weight target built from a config (the trainer's TARGET_INIT_SEED)
+#: seed of a random-weight target built from a config (equal to harness.train.modules.TARGET_INIT_SEED)
 TARGET_INIT_SEED = 0
 DECODERS = ("hf", "recompute")
 

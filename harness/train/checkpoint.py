@@ -162,10 +162,10 @@ class RngState:
 
 
 class CheckpointManager:
-    """Saves the components every ``every`` steps (by the trainer's call), keeps the newest ``keep``, restores them.
+    """Saves the named components when the trainer says so, keeps the newest ``keep`` files, restores the latest.
 
-    Every rank calls :meth:`save` (a component's ``state_dict`` may be a collective); rank 0 writes. ``extra``
-    holds what is stored but not restored (the fingerprint, the resolved config)."""
+    Every rank calls :meth:`save` (a component's ``state_dict`` may be a collective); rank 0 writes. The plan
+    ``fingerprint`` and the resolved ``config`` are stored beside the components, checked or read, not restored."""
 
     def __init__(self, run_dir: Path, components: dict[str, Stateful], *, fingerprint: dict[str, Any],
                  config: dict[str, Any], keep: int, is_main: bool, barrier: Any, status: Any) -> None:

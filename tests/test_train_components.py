@@ -26,7 +26,13 @@ from harness.train.checkpoint import (
 from harness.train.config import run_config_from_dict
 from harness.train.consumed import ConsumedSamples
 from harness.train.distributed import Collectives, RankEnv
-from harness.train.grad_stats import BucketNorms, GradientStatistics, _squared_norms
+from harness.train.grad_stats import (
+    BucketNorms,
+    GradientNoise,
+    GradientStatistics,
+    _squared_norms,
+    small_batch_estimates,
+)
 from harness.train.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
 
 
@@ -238,7 +244,7 @@ def test_gradient_norms_do_not_depend_on_the_bucket_layout():
     assert totals[0][0] == pytest.approx(sum(float(p.grad.double().square().sum()) for p in params), rel=1e-12)
 
 
-def test_accumulation_diversity_is_measured_on_chosen_steps_and_carried_between():
+def test_accumulation_statistics_are_measured_on_chosen_steps_and_carried_between():
     weight = torch.nn.Parameter(torch.zeros(4))
     grads = GradientStatistics([weight], Collectives(RankEnv()), every=2, ema=0.5)
     contributions = [torch.tensor([1.0, 0.0, 0.0, 0.0]), torch.tensor([0.0, 1.0, 0.0, 0.0])]
@@ -248,19 +254,97 @@ def test_accumulation_diversity_is_measured_on_chosen_steps_and_carried_between(
         grads.start_step(number, len(contributions))
         for g in contributions:
             weight.grad = g.clone() if weight.grad is None else weight.grad + g
-            grads.micro_batch_done(weight_sum=1.0, global_weight=2.0)
+            grads.micro_batch_done(weight_sum=1.0)
         return grads.end_step(global_weight=2.0, local_weight=2.0)
 
     skipped = step(1)
     assert skipped["grad_stats_measured"] is False and math.isnan(skipped["grad_diversity"])
     measured = step(2)
-    assert measured["grad_stats_measured"] is True
-    assert measured["grad_diversity"] == pytest.approx(2 / 2)  # orthogonal halves: Σ|g_k|² / |Σ g_k|² = 1
+    # orthogonal halves of weight 1: |G_k|² = 4, |G_W|² = 2, so tr Σ = (4 - 2) / (1 - 1/2) = 4 and |G|² = 0: all
+    # noise; |G|² is held at its floor, so the noise scale is large and finite
+    assert measured["grad_stats_measured"] is True and measured["grad_trace_estimate"] == pytest.approx(4.0)
+    assert measured["grad_norm_sq_estimate"] == pytest.approx(0.0, abs=1e-12) and measured["grad_noise_floored"]
+    assert measured["grad_noise_scale"] == pytest.approx(4.0 / (GradientNoise.G2_FLOOR * 2.0))
+    assert 0.99 < measured["grad_diversity"] < 1.0
     carried = step(3)
     assert carried["grad_stats_measured"] is False and carried["grad_diversity"] == measured["grad_diversity"]
     again = GradientStatistics([weight], Collectives(RankEnv()), every=2, ema=0.5)
     again.load_state_dict(grads.state_dict())
     assert again.state_dict() == grads.state_dict()
+
+
+def _split_statistics(unit_grads, sizes):
+    """The estimator's sums for one step whose unit-weight gradients ``unit_grads`` [W, d] are split into small
+    batches of ``sizes`` units: (|contribution|², weight) pairs and the step gradient's squared norm."""
+    total = unit_grads.shape[0]
+    bounds = np.cumsum([0, *sizes])
+    contributions = [unit_grads[a:b].sum(0) / total for a, b in zip(bounds[:-1], bounds[1:])]
+    small = [(float(np.square(c).sum()), float(size)) for c, size in zip(contributions, sizes)]
+    return small, float(np.square(sum(contributions)).sum())
+
+
+def test_noise_estimates_are_unbiased_for_unequal_small_batches():
+    rng = np.random.default_rng(0)
+    dims, sigma, sizes = 40, 0.5, [1, 3, 12]  # W = 16 units in very unequal small batches
+    mean = rng.normal(size=dims) * 0.2
+    true_g2, true_trace = float(np.square(mean).sum()), sigma**2 * dims
+    g2, trace = [], []
+    for _ in range(4000):
+        small, big_sq = _split_statistics(mean + sigma * rng.normal(size=(sum(sizes), dims)), sizes)
+        g2_sum, trace_sum, count = GradientStatistics._estimate(small, big_sq, float(sum(sizes)))
+        g2.append(g2_sum / count)
+        trace.append(trace_sum / count)
+    # tolerances: about 4 standard errors of the mean over 4000 steps
+    assert np.mean(g2) == pytest.approx(true_g2, rel=0.08)
+    assert np.mean(trace) == pytest.approx(true_trace, rel=0.05)
+    # the equal-size formula (B_small = W / K) on the same steps is biased by the unequal sizes
+    equal = []
+    for _ in range(4000):
+        small, big_sq = _split_statistics(mean + sigma * rng.normal(size=(sum(sizes), dims)), sizes)
+        b_small = 16 / 3
+        small_sq = np.mean([sq * (16 / w) ** 2 for sq, w in small])
+        equal.append((small_sq - big_sq) / (1 / b_small - 1 / 16))
+    assert abs(np.mean(equal) / true_trace - 1) > 0.5
+
+
+def test_diversity_does_not_move_when_the_same_gradients_are_split_differently():
+    """Identical per-sample gradients, split by every strategy's real micro-batch weights of one step: the noise
+    scale and Δ are the same for all; Δ between the micro-batches (the old formula) follows the split."""
+    from strategies import Budget, available_strategies, plan
+
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(np.log(200), 0.8, 400), 20, 1500).astype(np.int64)
+    direction = rng.normal(size=8)
+    results, old_delta = {}, {}
+    for name in available_strategies():
+        p = plan(lengths, Budget(2048), name, seed=0, epoch=0, world_size=1, grad_accum=3)
+        weights = p.micro_batch_tokens()[:3].astype(float)
+        weights = weights / weights.sum() * 64.0  # the same step weight W = 64 for every split
+        noise = GradientNoise(ema=0.9)
+        contributions = [(w / 64.0) * direction for w in weights]  # g_k = (W_k / W) G with G_k = G for all k
+        small = [(float(np.square(c).sum()), w) for c, w in zip(contributions, weights)]
+        big_sq = float(np.square(direction).sum())
+        record = noise.update(*GradientStatistics._estimate(small, big_sq, 64.0), big_sq, 64.0)
+        results[name] = (record["grad_noise_scale"], record["grad_diversity"])
+        old_delta[name] = sum(sq for sq, _ in small) / big_sq
+    assert all(scale == pytest.approx(0.0, abs=1e-9) for scale, _ in results.values())
+    assert all(delta == pytest.approx(1 / 64) for _, delta in results.values())
+    assert max(old_delta.values()) - min(old_delta.values()) > 0.01, old_delta  # the old Δ moved with the split
+
+
+def test_the_noise_scale_is_never_nan_once_measured():
+    noise = GradientNoise(ema=0.9)
+    # a first step whose |G|² estimate is negative (the small batch's own gradient is larger than the step allows)
+    g2, trace = small_batch_estimates(own_sq=50.0, weight=4.0, big_sq=1.0, total_weight=8.0)
+    assert g2 < 0
+    record = noise.update(g2, trace, 1, 1.0, 8.0)
+    assert math.isfinite(record["grad_noise_scale"]) and math.isfinite(record["grad_diversity"])
+    assert record["grad_noise_floored"] is True
+    # a negative tr Σ estimate counts as no noise: B_simple 0, Δ = 1 / W
+    noise = GradientNoise(ema=0.9)
+    record = noise.update(*small_batch_estimates(own_sq=0.5, weight=4.0, big_sq=1.0, total_weight=8.0), 1, 1.0, 8.0)
+    assert record["grad_noise_scale"] == 0.0 and record["grad_diversity"] == pytest.approx(1 / 8)
+    assert noise.update(0.0, 0.0, 0, 1.0, 8.0) == {}  # nothing informative: no measurement
 
 
 # ---------------------------------------------------------------- epoch data
@@ -356,3 +440,70 @@ def test_a_failing_run_closes_its_logger_as_failed_once(tmp_path, batchlab_cache
         trainer.train()
     trainer.abort()  # the launcher's own abort after the exception: nothing closes twice
     assert sink.closed == [True]  # the W&B run would be finished as failed (exit code 1), once
+
+
+# ---------------------------------------------------------------- evaluation
+class Recorded(Collectives):
+    """One rank of a simulated job run alone: its all-reduce inputs are recorded (and returned unreduced)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.sent = []
+
+    def all_reduce_sum(self, tensor):
+        self.sent.append(tensor.clone())
+        return tensor
+
+    def barrier(self):
+        pass
+
+
+class Replayed(Recorded):
+    """The last rank of the simulated job: each all-reduce adds what the other ranks sent at the same call."""
+
+    def __init__(self, env, others):
+        super().__init__(env)
+        self.others = others
+
+    def all_reduce_sum(self, tensor):
+        out = tensor + sum(other.sent[len(self.sent)] for other in self.others)
+        self.sent.append(tensor.clone())
+        return out
+
+
+def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cache):
+    """Held-out loss, accuracy per position, τ, each tercile's, and real acceptance: 1 rank against 2 ranks (each
+    evaluating its own share, the sums all-reduced); also catches ranks evaluating the same share."""
+    from harness.train.batch import BatchCollator
+    from harness.train.epoch_data import EpochData
+    from harness.train.evaluator import Evaluator
+    from harness.train.modules import DrafterModel
+
+    config = run_config_from_dict(compose_config([
+        "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.eval_real_prompts=4",
+        "trainer.eval_real_new_tokens=6"]))
+    model = DrafterModel(config, torch.device("cpu"))
+    status = type("Status", (), {"stage": staticmethod(lambda name, step: None)})()
+
+    def evaluate(comm):
+        data = EpochData(config, comm)
+        drafter = model.drafter
+        collate = BatchCollator(data.samples, "padded", block_size=drafter.block_size, num_anchors=64,
+                                mask_token_id=drafter.mask_token_id, loss_decay_gamma=drafter.loss_decay_gamma,
+                                max_blocks=None, anchor_seed=config.data.heldout_seed)
+        return Evaluator(data=data, collate=collate, model=model, comm=comm, status=status,
+                         trainer_config=config.trainer, device=torch.device("cpu"))(0)
+
+    alone = evaluate(Recorded(RankEnv()))
+    rank1 = Recorded(RankEnv(1, 2))
+    evaluate(rank1)
+    together = evaluate(Replayed(RankEnv(0, 2), [rank1]))
+    assert alone["eval_blocks"] == together["eval_blocks"] > 0 and alone["eval_length_groups"] == ["short", "mid", "long"]
+    for key in ("eval_loss", "eval_accuracy", "eval_tau", "eval_tau_real", "eval_speedup_bound"):
+        assert together[key] == pytest.approx(alone[key], rel=1e-6), key
+    for key in ("eval_accuracy_per_position", "eval_loss_by_length", "eval_tau_by_length"):
+        assert together[key] == pytest.approx(alone[key], rel=1e-6), key
+    assert together["eval_tau_real_hist"] == alone["eval_tau_real_hist"]
+    # the overall loss is the terciles' combined: their losses bracket it
+    by_length = alone["eval_loss_by_length"]
+    assert min(by_length) <= alone["eval_loss"] <= max(by_length)

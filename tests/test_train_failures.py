@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import train_cli
+from train_support import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
 from harness.train.checkpoint import component_state, latest_checkpoint, load_checkpoint
 from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
@@ -21,7 +21,7 @@ from harness.train.faults import TEST_FAIL_ENV
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",
         "trainer.stop_tokens=30000", "trainer.checkpoint_every_steps=2", "trainer.eval_every_tokens=100000",
-        "trainer.eval_real_prompts=0"]
+        "trainer.eval_real_prompts=0", "trainer.record_consumed=true"]
 FAIL_STEP = 5
 # the agent notices a dead rank within 0.5 s and stops the rest; a rank that ignores SIGTERM is SIGKILLed after 30 s
 BOUND_S = 30
@@ -55,7 +55,15 @@ def _message(result):
     return lines[0]
 
 
-def test_killed_rank_ends_the_job_naming_rank_stage_and_step(tmp_path, batchlab_cache):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, batchlab_cache):
+    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return run_dir
+
+
+def test_killed_rank_ends_the_job_naming_rank_stage_and_step(tmp_path, uninterrupted):
     run_dir = tmp_path / "run"
     result, after_kill = _fail(run_dir, f"1:{FAIL_STEP}:drafter_backward:kill")
     assert result.returncode == 1, result.stderr[-6000:]
@@ -68,12 +76,17 @@ def test_killed_rank_ends_the_job_naming_rank_stage_and_step(tmp_path, batchlab_
     assert str(checkpoint) in message and f"hydra.run.dir={run_dir}" in message
     assert not (run_dir / "summary.json").exists()
 
-    # the surviving checkpoint resumes the run to its end
+    # the surviving checkpoint resumes the run to its end: the uninterrupted run, bit for bit
     resumed = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True
     assert all(s["stage"] == "done" for s in read_statuses(run_dir).values())
+    assert_same_records(uninterrupted, run_dir)
+    assert_same_summary(uninterrupted, run_dir)
+    for rank in (0, 1):
+        assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
+            uninterrupted / "consumed" / f"rank{rank}.jsonl")
 
 
 def test_exception_in_a_rank_is_named_with_its_stage_and_step(tmp_path, batchlab_cache):

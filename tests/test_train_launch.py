@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 
+import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - a declared dependency: a broken install fails here
 import pytest
-from train_support import train_cli
+from train_support import assert_same_records, assert_same_summary, train_cli
 
 from harness.train.faults import TEST_FAIL_ENV
-
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed")
 
 
 def _compose_with_hydra(overrides):
@@ -130,6 +129,7 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
                 break
             assert process.poll() is None, "the job ended before the signal"
             time.sleep(0.1)
+        assert metrics, f"the job wrote no step in 240 s: {sorted(p.name for p in sweep.glob('**/*'))[:20]}"
         run_dir = metrics[0].parent
         statuses = read_statuses(run_dir)
         assert sorted(statuses) == [0, 1]
@@ -147,3 +147,10 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True and summary["world_size"] == 2
+    # the same run uninterrupted (2 ranks started by the job itself: the same plan) is repeated bit for bit
+    reference = tmp_path / "uninterrupted"
+    plain = [a for a in args[1:] if not a.startswith(("hydra", "trainer.nproc"))]
+    result = train_cli([*plain, "trainer.nproc=2", f"hydra.run.dir={reference}"], cwd=tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert_same_records(reference, run_dir)
+    assert_same_summary(reference, run_dir)

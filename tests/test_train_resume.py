@@ -10,7 +10,14 @@ import sys
 import time
 
 import pytest
-from train_support import compose_config, read_jsonl, signal_after_steps, train_cli
+from train_support import (
+    assert_same_records,
+    assert_same_summary,
+    compose_config,
+    read_jsonl,
+    signal_after_steps,
+    train_cli,
+)
 
 from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
 from harness.train.run import RunDirectoryInUse, run
@@ -18,8 +25,6 @@ from harness.train.run import RunDirectoryInUse, run
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",
         "trainer.stop_tokens=30000", "trainer.checkpoint_every_steps=4", "trainer.eval_every_tokens=8000"]
-DETERMINISTIC = ("loss", "loss_max_rank", "grad_norm", "tau", "accuracy", "lr", "grad_diversity", "tokens_seen",
-                 "real_tokens", "computed_slots", "eval_loss", "eval_tau", "epoch", "step_in_epoch")
 
 
 def _launch(run_dir, cwd):
@@ -44,11 +49,9 @@ def _stop_mid_run(run_dir, cwd, sig, after_steps=10):
 
 
 def _assert_same_run(reference, run_dir):
-    expected, got = read_jsonl(reference / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in got] == [r["step"] for r in expected]
-    for want, have in zip(expected, got):  # bit-identical on CPU: same batches, anchors, states
-        for key in DETERMINISTIC:
-            assert have.get(key) == want.get(key), f"step {want['step']}: {key} {have.get(key)} != {want.get(key)}"
+    # bit-identical on CPU: same batches, anchors, states; every logged number but the timings
+    assert_same_records(reference, run_dir)
+    assert_same_summary(reference, run_dir)
     for rank in (0, 1):  # the same micro-batches, in the same order, nothing repeated
         assert read_jsonl(run_dir / "consumed" / f"rank{rank}.jsonl") == read_jsonl(
             reference / "consumed" / f"rank{rank}.jsonl")
@@ -73,7 +76,7 @@ def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(tmp_path, refe
     started = time.time()
     returncode = _stop_mid_run(stopped, tmp_path, signal.SIGTERM, after_steps=6)
     assert returncode == 130
-    assert time.time() - started < 120
+    assert time.time() - started < 240, "the stopped run hung instead of finishing its step and checkpointing"
     summary = json.loads((stopped / "summary.json").read_text())
     steps = len(read_jsonl(stopped / "metrics.jsonl"))
     assert summary["status"] == "interrupted" and summary["steps"] == steps

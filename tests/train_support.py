@@ -58,3 +58,39 @@ def signal_after_steps(process, run_dir, after_steps, sig, deadline_s=240, wait_
 
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+#: what differs between two runs of the same settings: wall-clock timings, memory, and what is computed from them
+VOLATILE_KEYS = frozenset({
+    "tokens_per_second", "rank_tokens_per_second", "step_time", "time_data", "time_target", "time_drafter",
+    "time_optimizer_comm", "data_wait_fraction", "rank_imbalance", "peak_memory_mb",
+    # the summary's
+    "train_time_s", "wall_time_s", "step_tokens_per_second", "step_time_sum_s",
+})
+#: a disaggregated run's stage metrics are timings and counts of in-flight messages
+VOLATILE_PREFIXES = ("topology_",)
+
+
+def _compared(record):
+    return {k: v for k, v in record.items() if k not in VOLATILE_KEYS and not k.startswith(VOLATILE_PREFIXES)}
+
+
+def assert_same_records(reference_dir, run_dir):
+    """Every step record of ``run_dir``'s metrics.jsonl equals the reference run's, key by key (all but the
+    volatile keys): a resumed run repeats the uninterrupted one bit for bit on CPU."""
+    expected, got = read_jsonl(Path(reference_dir) / "metrics.jsonl"), read_jsonl(Path(run_dir) / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got):
+        want, have = _compared(want), _compared(have)
+        assert set(have) == set(want), f"step {want['step']}: keys differ: {sorted(set(have) ^ set(want))}"
+        for key in want:
+            assert have[key] == want[key], f"step {want['step']}: {key} {have[key]} != {want[key]}"
+
+
+def assert_same_summary(reference_dir, run_dir, ignore=()):
+    """``summary.json`` equals the reference run's but for the volatile keys (and ``ignore``)."""
+    expected = _compared(json.loads((Path(reference_dir) / "summary.json").read_text()))
+    got = _compared(json.loads((Path(run_dir) / "summary.json").read_text()))
+    for key in sorted(set(expected) | set(got)):
+        if key not in ignore:
+            assert got.get(key) == expected.get(key), f"summary {key}: {got.get(key)} != {expected.get(key)}"

@@ -166,9 +166,9 @@ class Strategy:
     ) -> MicroBatches:
         """Equal-token steps: ``micro`` with ``step_offsets`` grouping its sequence into optimizer steps.
 
-        Default: the micro-batches in the strategy's order, cut by :func:`cut_token_steps` (each step
-        closes at the cut that brings its real tokens closest to ``step_tokens``). A strategy that
-        shapes its steps (bucketed's ``same_bucket_steps``) overrides it.
+        Default: the micro-batches in the strategy's order, cut by the cut rule of
+        :func:`cut_token_steps`. A strategy that shapes its steps (bucketed's ``same_bucket_steps``)
+        overrides it.
         """
         tokens = micro_batch_real_tokens(prepared.lengths, micro)
         return replace(micro, step_offsets=cut_token_steps(tokens[micro.sequence], step_tokens))

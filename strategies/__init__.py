@@ -17,13 +17,21 @@ world_size, grad_accum)`` to a :class:`Plan`: the optimizer steps of one epoch, 
 API:
 
 - ``plan(lengths, budget, strategy="bucketed", seed=0, epoch=0, world_size=1, grad_accum=1,
-  oversize="error", balance=None, **strategy_options) -> Plan``.
+  oversize="error", balance=None, step_tokens=None, **strategy_options) -> Plan``.
+- ``step_tokens``: None (every step ``world_size * grad_accum`` micro-batches), or the real tokens
+  of every optimizer step (equal-token steps, docs/design.md §2; needs ``grad_accum=1``): the
+  strategy's micro-batches, in its order, are cut into steps of about that many real tokens
+  (``Strategy.token_steps``) and spread round-robin over the ranks; ``Plan.grad_accum`` is then the
+  most micro-batches a rank holds in a step, the slots after a rank's real ones are empty padding,
+  and ``Plan.rank_step_counts()`` / ``Plan.rank_steps(rank, start_step, skip_padding=True)`` give the
+  real ones (or one empty micro-batch for a rank with none in a step).
 - ``plan_remainder(strategy, lengths, consumed, budget, seed, epoch, world_size, grad_accum, oversize,
-  balance) -> Plan``: the rest of an epoch, for resuming on another world size: every kept sample not
-  in ``consumed`` (a boolean mask or indices), planned by the same strategy from ``(seed, epoch)``,
-  indices in the original sample positions, ``Plan.consumed`` set (see :mod:`strategies.remainder`).
+  balance, step_tokens) -> Plan``: the rest of an epoch, for resuming on another world size: every kept
+  sample not in ``consumed`` (a boolean mask or indices), planned by the same strategy from
+  ``(seed, epoch)``, indices in the original sample positions, ``Plan.consumed`` set (see
+  :mod:`strategies.remainder`).
 - ``build_strategy(name, **options)`` → a strategy object with
-  ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)`` (for Hydra);
+  ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance, step_tokens)`` (for Hydra);
   ``available_strategies()`` → the registered names, sorted; ``report_order()`` → the same in the
   order reports and sweeps show them; ``register_strategy(cls)`` adds one (a :class:`Strategy`
   subclass: see its docstring and docs/design.md §3, "Adding a strategy").
@@ -50,7 +58,7 @@ Strategies (docs/design.md §3), all under the same budget:
   inside each length bucket, fill inside a bucket, shuffle the order; ``same_bucket_steps`` keeps a
   step's micro-batches in one bucket (ranks balanced, steps length-homogeneous);
   ``max_recurrence`` bounds every dp bucket's recurrence by a minimum population, so the number of
-  buckets used follows the dataset.
+  buckets used follows the dataset; with ``step_tokens`` the equal-token steps stay in one bucket.
 - ``length_grouped(mega_batch_mult=50, batch_size=None, shuffle_order=True)``: Hugging Face's
   ``LengthGroupedSampler`` rule (random permutation, megabatches of ``mega_batch_mult x batch_size``
   samples sorted longest first), each megabatch split greedily under the budget; the micro-batch

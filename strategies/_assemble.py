@@ -6,6 +6,11 @@ Consecutive runs of ``world_size * grad_accum`` ids form the optimizer steps; a 
 spread round-robin over the ranks (rank ``j % world_size``, accumulation slot ``j // world_size``) and
 the remaining slots stay empty. Rank balancing, when asked for, then moves micro-batches between the
 slots of each step. All of it is vectorised numpy.
+
+Equal-token steps (``step_offsets`` set, :meth:`Strategy.token_steps`): step ``t`` is
+``sequence[step_offsets[t]:step_offsets[t + 1]]``; every step is spread round-robin over the ranks
+the same way, ``grad_accum`` becomes the most micro-batches any rank gets in a step, and after
+balancing each rank's real micro-batches are moved to its first slots (the rest is padding).
 """
 
 from __future__ import annotations
@@ -30,12 +35,16 @@ class MicroBatches:
         offsets: int64, ``num_micro_batches + 1`` offsets into ``order``.
         sequence: int64 micro-batch ids in epoch order (a permutation of ``range(num_micro_batches)``).
         info: facts for ``Plan.info`` (edges, options).
+        step_offsets: None (fixed accumulation: steps are runs of ``world_size * grad_accum`` ids),
+            or int64 offsets into ``sequence`` where each optimizer step starts, ``steps + 1`` of
+            them (equal-token steps).
     """
 
     order: np.ndarray
     offsets: np.ndarray
     sequence: np.ndarray
     info: dict[str, Any] = field(default_factory=dict)
+    step_offsets: np.ndarray | None = None
 
 
 def slot_table(sequence: np.ndarray, world_size: int, grad_accum: int) -> tuple[np.ndarray, int]:
@@ -51,6 +60,28 @@ def slot_table(sequence: np.ndarray, world_size: int, grad_accum: int) -> tuple[
     return table, num_full
 
 
+def token_slot_table(sequence: np.ndarray, step_offsets: np.ndarray, world_size: int) -> tuple[np.ndarray, int]:
+    """``[steps, world_size * grad_accum]`` micro-batch ids per slot (-1 = empty) of steps of varying size.
+
+    Micro-batch ``j`` of a step goes to rank ``j % world_size``, accumulation slot ``j // world_size``;
+    ``grad_accum`` (returned) is the most micro-batches any rank gets in any step.
+    """
+    sizes = np.diff(step_offsets)
+    grad_accum = max(int(-(-sizes.max() // world_size)), 1) if sizes.size else 1
+    table = np.full((sizes.size, world_size * grad_accum), -1, dtype=np.int64)
+    step = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+    j = np.arange(sequence.size, dtype=np.int64) - step_offsets[:-1][step]
+    table[step, (j % world_size) * grad_accum + j // world_size] = sequence
+    return table, grad_accum
+
+
+def real_slots_first(table: np.ndarray, world_size: int, grad_accum: int) -> np.ndarray:
+    """The table with each rank's micro-batches moved, in order, to its first slots of every step."""
+    per_rank = table.reshape(table.shape[0], world_size, grad_accum)
+    moved = np.take_along_axis(per_rank, np.argsort(per_rank < 0, axis=2, kind="stable"), axis=2)
+    return moved.reshape(table.shape)
+
+
 def assemble(
     strategy: str,
     layout: Layout,
@@ -63,9 +94,19 @@ def assemble(
     grad_accum: int,
     balance: RankBalance | None,
     oversize: str,
+    step_tokens: int | None = None,
 ) -> Plan:
-    """Place micro-batches on steps and ranks (balanced if asked) and build the plan's flat arrays."""
-    table, num_full = slot_table(micro.sequence, world_size, grad_accum)
+    """Place micro-batches on steps and ranks (balanced if asked) and build the plan's flat arrays.
+
+    With ``micro.step_offsets`` set (equal-token steps, ``step_tokens``) ``grad_accum`` is derived
+    from the steps and the argument is ignored; ``balance`` then places micro-batches inside each
+    step only (its ``window_steps`` must be 1).
+    """
+    if micro.step_offsets is None:
+        table, num_full = slot_table(micro.sequence, world_size, grad_accum)
+    else:
+        table, grad_accum = token_slot_table(micro.sequence, micro.step_offsets, world_size)
+        num_full = 0  # no regrouping between steps: it would change their tokens
     info: dict[str, Any] = {"oversize": oversize, **micro.info}
     if balance is not None:
         costs = balance.cost_model.micro_batch_costs(
@@ -82,6 +123,8 @@ def assemble(
             "num_anchors": balance.cost_model.num_anchors,
             "window_steps": balance.window_steps,
         }
+    if micro.step_offsets is not None:
+        table = real_slots_first(table, world_size, grad_accum)
     sample_indices, offsets = _flatten(table.reshape(-1), micro.order, micro.offsets)
     return Plan(
         strategy=strategy,
@@ -97,6 +140,7 @@ def assemble(
         dropped=prepared.dropped,
         truncated=prepared.truncated,
         info=info,
+        step_tokens=step_tokens,
     )
 
 

@@ -25,7 +25,7 @@ class Purpose(IntEnum):
     SORTED_TIES = 2  # sorted: tie-breaking permutation (epoch-independent)
     MICRO_BATCH_ORDER = 3  # order of micro-batches in the epoch
     BUCKET_ORDER = 4  # bucketed: shuffle inside each bucket
-    STEP_ORDER = 5  # bucketed same_bucket_steps: order of steps
+    STEP_ORDER = 5  # bucketed same_bucket_steps with step_tokens: pool and order of equal-token steps
     BALANCE = 6  # rank balance: order of regrouped steps inside a window
 
 

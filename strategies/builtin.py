@@ -9,7 +9,7 @@ generators (:mod:`strategies._random`); the sequential loops are compiled (:mod:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, Optional
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from ._assemble import MicroBatches
 from ._kernels import BEST_FIT_MAX_CAPACITY, best_fit_packed, first_fit_packed, greedy_fill_padded
 from ._random import STATIC_EPOCH, Purpose, generator
-from .base import CliOption, Strategy
+from .base import CliOption, Strategy, cut_token_steps, micro_batch_real_tokens
 from .edges import EDGE_METHODS, _edges_from_histogram, explicit_edges, length_histogram, parse_edges
 from .epoch_plan import Budget, Layout
 from .registry import register_strategy
@@ -136,7 +136,9 @@ class BucketedStrategy(Strategy):
             similar work (lower rank imbalance, for the target and the drafter), at the price of
             length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
             recurrence and padding are unchanged; numbers in docs/design.md §3). False mixes
-            buckets inside a step.
+            buckets inside a step. With ``step_tokens`` (equal-token steps) each bucket's
+            micro-batches are cut into steps by the cut rule and the same rules apply to those
+            steps (:func:`_same_bucket_token_steps`).
     """
 
     name: ClassVar[str] = "bucketed"
@@ -214,6 +216,61 @@ class BucketedStrategy(Strategy):
         else:
             sequence = rng.permutation(offsets.size - 1)
         return MicroBatches(order, offsets, sequence, {"edges": edges.tolist()})
+
+    def token_steps(self, micro, prepared, step_tokens, seed, epoch):
+        """Equal-token steps; with ``same_bucket_steps``, steps of one bucket (:func:`_same_bucket_token_steps`)."""
+        if not self.same_bucket_steps:
+            return super().token_steps(micro, prepared, step_tokens, seed, epoch)
+        edges = np.asarray(micro.info["edges"], dtype=np.int64)
+        micro_bucket = np.searchsorted(edges, prepared.lengths[micro.order[micro.offsets[:-1]]], side="left")
+        sequence, step_offsets = _same_bucket_token_steps(
+            micro_bucket, micro_batch_real_tokens(prepared.lengths, micro), step_tokens,
+            generator(seed, epoch, Purpose.STEP_ORDER), self.max_recurrence,
+        )
+        return replace(micro, sequence=sequence, step_offsets=step_offsets)
+
+
+def _same_bucket_token_steps(
+    micro_bucket: np.ndarray,
+    tokens: np.ndarray,
+    step_tokens: int,
+    rng: np.random.Generator,
+    max_recurrence: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(sequence, step_offsets)`` of equal-token steps that stay inside one bucket where they can.
+
+    The token counterpart of :func:`_same_bucket_sequence`: each bucket's micro-batches (ids are
+    consecutive inside a bucket, in fill order) are cut into steps by the cut rule; every step but a
+    bucket's last is a pure step of its bucket when the bucket has at least ``1 / max_recurrence`` of
+    them. The rest (small buckets whole, every bucket's last step) is shuffled into a pool cut into
+    mixed steps. Pure and mixed steps are shuffled together; the pool's last step, holding what is
+    left, ends the epoch.
+    """
+    counts = np.bincount(micro_bucket)
+    bucket_offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=bucket_offsets[1:])
+    cuts = cut_token_steps(tokens, step_tokens, bucket_offsets)
+    step_bucket = micro_bucket[cuts[:-1]]
+    whole_steps = np.bincount(step_bucket, minlength=counts.size) - 1  # all but each bucket's last step
+    if max_recurrence is not None:
+        whole_steps = np.where(whole_steps * max_recurrence >= 1.0 - 1e-9, whole_steps, 0)
+    position = np.arange(step_bucket.size) - np.searchsorted(step_bucket, step_bucket, side="left")
+    pure = position < whole_steps[step_bucket]
+    pure_sizes = np.diff(cuts)[pure]
+    in_pure = np.repeat(pure, np.diff(cuts))
+    pool = np.flatnonzero(~in_pure)
+    pool = pool[rng.permutation(pool.size)]
+    pool_cuts = cut_token_steps(tokens[pool], step_tokens)
+    # every step as a run of `candidates`: pure steps (ids in order), then the pool's steps
+    candidates = np.concatenate([np.flatnonzero(in_pure), pool])
+    starts = np.concatenate([np.cumsum(pure_sizes) - pure_sizes, pure_sizes.sum() + pool_cuts[:-1]])
+    sizes = np.concatenate([pure_sizes, np.diff(pool_cuts)])
+    shuffled = np.append(rng.permutation(sizes.size - 1), sizes.size - 1)  # the pool's last step stays last
+    starts, sizes = starts[shuffled], sizes[shuffled]
+    step_offsets = np.zeros(sizes.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=step_offsets[1:])
+    within = np.arange(candidates.size, dtype=np.int64) - np.repeat(step_offsets[:-1], sizes)
+    return candidates[np.repeat(starts, sizes) + within], step_offsets
 
 
 def _same_bucket_sequence(

@@ -11,6 +11,13 @@ Micro-batches are ordered step-major, then rank, then accumulation micro-step::
 so a step always owns exactly ``world_size * grad_accum`` consecutive micro-batches. A short final
 step is filled with empty micro-batches (they still join the collective ops); nothing is dropped.
 
+A plan of *equal-token steps* (``step_tokens`` set, docs/design.md §2) keeps the same grid: its
+steps hold different numbers of micro-batches, ``grad_accum`` is the most any rank holds in any
+step, and a rank with fewer has empty *padding* slots after its real micro-batches.
+:meth:`Plan.rank_step_counts` says how many slots of each rank in each step are real; a consumer
+runs those, or one empty micro-batch where a rank has none (it must still join the step's
+synchronised backward).
+
 A plan of *the rest of an epoch* (:func:`strategies.plan_remainder`, for resuming on another world
 size) also records ``consumed``: the samples the epoch visited before it; they must not appear again,
 and the plan visits every other kept sample once.
@@ -84,6 +91,10 @@ class Plan:
             plan, :func:`strategies.plan_remainder`); empty for a whole epoch's plan.
         info: strategy-specific facts about the plan (e.g. ``edges`` of a bucketed plan, the
             ``oversize`` policy, the ``balance`` settings); plain data, for reports.
+        step_tokens: None for fixed accumulation (every step ``world_size * grad_accum``
+            micro-batches, the last one possibly short); else the real tokens each optimizer step
+            aims at (equal-token steps): steps then hold varying numbers of micro-batches and
+            ``grad_accum`` is the most any rank holds in a step (see :meth:`rank_step_counts`).
     """
 
     strategy: str
@@ -100,6 +111,7 @@ class Plan:
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     consumed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     info: Mapping[str, object] = field(default_factory=dict)
+    step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         per_step = self.world_size * self.grad_accum
@@ -108,6 +120,12 @@ class Plan:
             raise ValueError(
                 f"plan has {n_micro} micro-batches, not a multiple of world_size*grad_accum={per_step}"
             )
+        if self.step_tokens is not None and (
+            isinstance(self.step_tokens, (bool, np.bool_))
+            or not isinstance(self.step_tokens, (int, np.integer))
+            or self.step_tokens < 1
+        ):
+            raise ValueError(f"Plan.step_tokens={self.step_tokens!r} must be None or a positive integer")
 
     # -- shape ---------------------------------------------------------------------------------
     @property
@@ -143,14 +161,40 @@ class Plan:
             [self.micro_batch(step, r, a) for a in range(self.grad_accum)] for r in range(self.world_size)
         ]
 
-    def rank_steps(self, rank: int, start_step: int = 0) -> Iterator[tuple[int, list[np.ndarray]]]:
-        """One rank's view: ``(step, [grad_accum micro-batches])`` from ``start_step`` on (resume)."""
+    def rank_steps(
+        self, rank: int, start_step: int = 0, skip_padding: bool = False
+    ) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """One rank's view: ``(step, [grad_accum micro-batches])`` from ``start_step`` on (resume).
+
+        With ``skip_padding`` each step lists only the rank's real micro-batches
+        (:meth:`rank_step_counts`), or one empty micro-batch where it has none in that step.
+        """
         if not 0 <= rank < self.world_size:
             raise IndexError(f"rank={rank} outside world_size={self.world_size}")
         if not 0 <= start_step <= self.num_steps:
             raise IndexError(f"start_step={start_step} outside plan of {self.num_steps} steps")
+        counts = self.rank_step_counts()[:, rank] if skip_padding else None
         for step in range(start_step, self.num_steps):
-            yield step, [self.micro_batch(step, rank, a) for a in range(self.grad_accum)]
+            used = self.grad_accum if counts is None else max(int(counts[step]), 1)
+            yield step, [self.micro_batch(step, rank, a) for a in range(used)]
+
+    def rank_step_counts(self) -> np.ndarray:
+        """``[num_steps, world_size]``: the real micro-batches of each rank in each step.
+
+        A rank's real micro-batches fill its first slots of a step (``accum < count``) and every
+        slot after them is an empty padding slot, so a consumer runs ``max(count, 1)`` slots: its
+        real micro-batches, or one empty micro-batch where the rank has nothing in the step (it
+        still joins the step's collectives). Counted as the slots up to the rank's last non-empty
+        one, so skipping the slots after it never skips a sample. Fixed accumulation:
+        ``grad_accum`` everywhere but in a short final step.
+        """
+        filled = self.micro_batch_sizes().reshape(self.num_steps, self.world_size, self.grad_accum) > 0
+        last = self.grad_accum - np.argmax(filled[:, :, ::-1], axis=2)
+        return np.where(filled.any(axis=2), last, 0).astype(np.int64)
+
+    def tokens_per_step(self) -> np.ndarray:
+        """Real (non-pad) tokens of every optimizer step, all ranks and micro-batches together."""
+        return self.micro_batch_tokens().reshape(self.num_steps, self.micro_batches_per_step).sum(axis=1)
 
     # -- vectorised per-micro-batch quantities ------------------------------------------------
     def micro_batch_sizes(self) -> np.ndarray:

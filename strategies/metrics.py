@@ -7,8 +7,9 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
   (``Plan.micro_batch_tokens`` / ``Plan.micro_batch_slots``: ``rows * max_len`` for a padded
   micro-batch, ``max_tokens`` for a packed row). ``padding_ratio`` = 1 - that.
 - **micro_batches** = non-empty micro-batches; **empty_micro_batches** = the empty slots that fill
-  a short final step; **steps** = optimizer steps. **budget_violations** = micro-batches over the
-  budget (``Plan.budget_violations``); **max_micro_batch_slots** = the largest computed slots.
+  a short final step (with ``step_tokens``, also the grid's padding slots); **steps** = optimizer
+  steps. **budget_violations** = micro-batches over the budget (``Plan.budget_violations``);
+  **max_micro_batch_slots** = the largest computed slots.
 - **acf** (what it can and cannot show) = autocorrelation of ``x_t`` = mean sample length of optimizer step ``t`` (all ranks and
   accumulation micro-batches of the step together), at lags ``1..acf_lags``, with the usual
   estimator ``r_k = sum_t (x_t - mean)(x_{t+k} - mean) / sum_t (x_t - mean)^2``. NaN when the
@@ -57,6 +58,23 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
 - **samples_seen_once** = True when every sample index appears exactly once in the plan, except
   the dropped ones which appear zero times; ``missing_samples`` / ``repeated_samples`` count the
   violations.
+- **step_tokens_min / max / mean / cv** = the real tokens of the optimizer steps (all ranks and
+  micro-batches of a step, ``Plan.tokens_per_step``) over every step but the last, which holds what
+  is left in both planning modes (``step_tokens_last``; a one-step plan uses its one step); ``cv`` =
+  population standard deviation / mean. **micro_batches_per_step_min / mean / max** = the non-empty
+  micro-batches of those steps. ``step_tokens_target`` is the plan's ``step_tokens`` (None for fixed
+  accumulation). A fixed-accumulation plan of a padded strategy carries fewer real tokens per step
+  than a packed one; equal-token plans hold every step but the last near the target.
+- **longest_bucket_streak** = the longest run of consecutive optimizer steps whose samples all
+  come from one and the same length bucket (a bucketed shuffle's risk of same-bucket streaks by
+  chance, shown beside the lag-1 ACF). Buckets: a plan with bucket edges (``Plan.info["edges"]``,
+  bucketed) uses its own edges; any other plan uses ``streak_bins`` (default
+  :data:`STREAK_BINS` = 8) equal-count bins of the epoch's planned lengths (quantile edges, ties
+  merged, as the length-mix bins). A step is single-bucket when all its samples fall in one bucket;
+  the streak is 0 when no step is, 1 when single-bucket steps exist but no two consecutive ones
+  share a bucket; ``longest_bucket_streak_bucket`` is the bucket of the first longest run (-1 when
+  0), ``single_bucket_steps`` the number of single-bucket steps and ``streak_buckets`` the buckets
+  (or bins) used.
 """
 
 from __future__ import annotations
@@ -67,7 +85,10 @@ import numpy as np
 
 from .balance import rank_costs
 from .cost import CostModel, drafter_blocks
-from .epoch_plan import Plan
+from .epoch_plan import Plan, segment_reduce
+
+#: equal-count length bins of the bucket-streak metric for plans without bucket edges
+STREAK_BINS = 8
 
 
 def step_of_positions(plan: Plan) -> np.ndarray:
@@ -198,10 +219,7 @@ def length_mix_divergence(plan: Plan, mix_bins: int = 16, draws: int = MIX_BASEL
     lengths = plan.lengths[plan.sample_indices]
     if lengths.size == 0:
         return float("nan"), float("nan")
-    inner = np.quantile(lengths, np.linspace(0.0, 1.0, mix_bins + 1)[1:-1]) if mix_bins > 1 else np.zeros(0)
-    edges = np.unique(inner)
-    bins = np.searchsorted(edges, lengths, side="right")
-    num_bins = len(edges) + 1
+    bins, num_bins = quantile_bins(lengths, mix_bins)
     dataset = np.bincount(bins, minlength=num_bins) / lengths.size
     steps = step_of_positions(plan)
     kl = _mean_step_kl(steps, bins, plan.num_steps, num_bins, dataset)
@@ -210,6 +228,68 @@ def length_mix_divergence(plan: Plan, mix_bins: int = 16, draws: int = MIX_BASEL
         for draw in range(draws)
     ]
     return kl, float(np.mean(baseline))
+
+
+def quantile_bins(lengths: np.ndarray, bins: int) -> tuple[np.ndarray, int]:
+    """``(bin of every length, number of bins)``: ``bins`` equal-count bins of ``lengths`` (quantile
+    edges, tied edges merged, so there may be fewer)."""
+    inner = np.quantile(lengths, np.linspace(0.0, 1.0, bins + 1)[1:-1]) if bins > 1 else np.zeros(0)
+    edges = np.unique(inner)
+    return np.searchsorted(edges, lengths, side="right"), len(edges) + 1
+
+
+def step_buckets(plan: Plan, streak_bins: int = STREAK_BINS) -> tuple[np.ndarray, int]:
+    """``(bucket of every step, buckets)``: a step's bucket when all its samples share one, else -1
+    (mixed or empty steps). Buckets as in ``longest_bucket_streak`` (module docstring)."""
+    lengths = plan.lengths[plan.sample_indices]
+    edges = plan.info.get("edges")
+    if edges is not None:
+        bucket, num_buckets = np.searchsorted(np.asarray(edges), lengths, side="left"), len(edges)
+    elif lengths.size:
+        bucket, num_buckets = quantile_bins(lengths, streak_bins)
+    else:
+        bucket, num_buckets = np.zeros(0, dtype=np.int64), 0
+    step_offsets = plan.micro_batch_offsets[:: plan.micro_batches_per_step]
+    lowest = -segment_reduce(np.maximum, -bucket, step_offsets)
+    highest = segment_reduce(np.maximum, bucket, step_offsets)
+    single = (lowest == highest) & (np.diff(step_offsets) > 0)
+    return np.where(single, highest, -1), num_buckets
+
+
+def longest_run(labels: np.ndarray) -> tuple[int, int]:
+    """``(length, label)`` of the first longest run of equal labels ``>= 0`` (``(0, -1)`` when none)."""
+    if not (labels >= 0).any():
+        return 0, -1
+    starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
+    lengths = np.diff(np.append(starts, labels.size))
+    lengths = np.where(labels[starts] >= 0, lengths, 0)
+    best = int(np.argmax(lengths))
+    return int(lengths[best]), int(labels[starts[best]])
+
+
+def longest_bucket_streak(plan: Plan, streak_bins: int = STREAK_BINS) -> tuple[int, int]:
+    """``(steps, bucket)`` of the longest run of consecutive single-bucket steps of one bucket."""
+    return longest_run(step_buckets(plan, streak_bins)[0])
+
+
+def step_spread(plan: Plan) -> dict[str, Any]:
+    """Real tokens and non-empty micro-batches per optimizer step, over every step but the last."""
+    tokens = plan.tokens_per_step()
+    micro_batches = (plan.micro_batch_sizes() > 0).reshape(plan.num_steps, plan.micro_batches_per_step).sum(axis=1)
+    body = slice(0, max(plan.num_steps - 1, 1))
+    tokens_body, micro_body = tokens[body].astype(np.float64), micro_batches[body]
+    nan = float("nan")
+    return {
+        "step_tokens_target": plan.step_tokens,
+        "step_tokens_min": int(tokens_body.min()) if tokens_body.size else 0,
+        "step_tokens_max": int(tokens_body.max()) if tokens_body.size else 0,
+        "step_tokens_mean": float(tokens_body.mean()) if tokens_body.size else nan,
+        "step_tokens_cv": float(tokens_body.std() / tokens_body.mean()) if tokens_body.sum() > 0 else nan,
+        "step_tokens_last": int(tokens[-1]) if tokens.size else 0,
+        "micro_batches_per_step_min": int(micro_body.min()) if micro_body.size else 0,
+        "micro_batches_per_step_mean": float(micro_body.mean()) if micro_body.size else nan,
+        "micro_batches_per_step_max": int(micro_body.max()) if micro_body.size else 0,
+    }
 
 
 def plan_rank_costs(plan: Plan, cost_model: CostModel) -> np.ndarray:
@@ -239,6 +319,7 @@ def plan_metrics(
     acf_lags: int = 8,
     cost_model: CostModel | None = None,
     mix_bins: int = 16,
+    streak_bins: int = STREAK_BINS,
 ) -> dict[str, Any]:
     """All plan metrics of the module docstring, as a JSON-ready dict (NaN where undefined).
 
@@ -248,11 +329,11 @@ def plan_metrics(
         acf_lags: number of autocorrelation lags (>= 1).
         cost_model: cost of a micro-batch; default ``CostModel()``.
         mix_bins: number of quantile bins for the length-mix divergence (>= 1).
+        streak_bins: equal-count length bins of the bucket streak for plans without bucket edges (>= 1).
     """
-    if isinstance(acf_lags, bool) or not isinstance(acf_lags, (int, np.integer)) or acf_lags < 1:
-        raise ValueError(f"acf_lags={acf_lags!r} must be an integer >= 1")
-    if isinstance(mix_bins, bool) or not isinstance(mix_bins, (int, np.integer)) or mix_bins < 1:
-        raise ValueError(f"mix_bins={mix_bins!r} must be an integer >= 1")
+    for name, value in (("acf_lags", acf_lags), ("mix_bins", mix_bins), ("streak_bins", streak_bins)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
     cost_model = cost_model or CostModel()
 
     sizes = plan.micro_batch_sizes()
@@ -284,6 +365,8 @@ def plan_metrics(
         + cost_model.c * total_blocks
     )
     missing, repeated = plan.exactly_once_violations()
+    buckets_of_steps, streak_buckets = step_buckets(plan, streak_bins)
+    streak, streak_bucket = longest_run(buckets_of_steps)
 
     return {
         "strategy": plan.strategy,
@@ -325,4 +408,9 @@ def plan_metrics(
         "samples_seen_once": missing == 0 and repeated == 0,
         "missing_samples": missing,
         "repeated_samples": repeated,
+        **step_spread(plan),
+        "longest_bucket_streak": streak,
+        "longest_bucket_streak_bucket": streak_bucket,
+        "single_bucket_steps": int((buckets_of_steps >= 0).sum()),
+        "streak_buckets": int(streak_buckets),
     }

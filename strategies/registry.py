@@ -104,14 +104,16 @@ def plan(
     grad_accum: int = 1,
     oversize: str = "error",
     balance: RankBalance | dict[str, Any] | None = None,
+    step_tokens: int | None = None,
     **strategy_options: Any,
 ) -> Plan:
     """Plan one epoch with a strategy given by name (plus its options) or as an object.
 
-    See :meth:`Strategy.plan` for the arguments; ``strategy_options`` go to :func:`build_strategy`.
+    See :meth:`Strategy.plan` for the arguments (``step_tokens``: equal-token steps);
+    ``strategy_options`` go to :func:`build_strategy`.
     """
     chosen = resolve_strategy(strategy, **strategy_options)
     return chosen.plan(
         lengths, budget, seed=seed, epoch=epoch, world_size=world_size, grad_accum=grad_accum,
-        oversize=oversize, balance=balance,
+        oversize=oversize, balance=balance, step_tokens=step_tokens,
     )

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .balance import RankBalance
-from .base import Strategy
+from .base import Strategy, checked_step_tokens
 from .epoch_plan import Budget, Plan
 from .registry import resolve_strategy
 
@@ -67,6 +67,7 @@ def plan_remainder(
     grad_accum: int = 1,
     oversize: str = "error",
     balance: RankBalance | dict[str, Any] | None = None,
+    step_tokens: int | None = None,
     **strategy_options: Any,
 ) -> Plan:
     """Plan the rest of ``epoch``: every kept sample not in ``consumed``, for this world size.
@@ -76,8 +77,10 @@ def plan_remainder(
         lengths: every sample's length (the whole epoch's, not only the remaining ones).
         consumed: the samples the epoch already visited, as a boolean mask over ``lengths`` or an
             array of indices into it. A sample left out by ``oversize="drop"`` cannot be consumed.
-        budget, seed, epoch, world_size, grad_accum, oversize, balance: as for
-            :meth:`Strategy.plan`; ``world_size`` and ``grad_accum`` are the new run's.
+        budget, seed, epoch, world_size, grad_accum, oversize, balance, step_tokens: as for
+            :meth:`Strategy.plan`; ``world_size`` and ``grad_accum`` are the new run's. With
+            ``step_tokens`` the rest is cut into equal-token steps of its own (the cut starts afresh
+            at the first remaining micro-batch), and the plan's ``grad_accum`` is derived as there.
 
     Returns:
         A :class:`Plan` over the original sample indices with ``consumed`` set; its
@@ -85,6 +88,7 @@ def plan_remainder(
         one. An epoch with nothing left gives a plan of zero steps.
     """
     chosen = resolve_strategy(strategy, **strategy_options)
+    step_tokens = checked_step_tokens(step_tokens, grad_accum, balance)
     budget, seed, epoch, world_size, grad_accum, balance, prepared = chosen.checked_inputs(
         lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance)
     done = consumed_mask(consumed, prepared.lengths.size)
@@ -104,9 +108,10 @@ def plan_remainder(
     else:
         # lengths are already truncated / dropped: the sub-plan sees only samples that fit
         sub = chosen.plan(prepared.lengths[remaining], budget, seed=seed, epoch=epoch, world_size=world_size,
-                          grad_accum=grad_accum, oversize="error", balance=balance)
+                          grad_accum=grad_accum, oversize="error", balance=balance, step_tokens=step_tokens)
         sample_indices = remaining[sub.sample_indices]
         offsets = sub.micro_batch_offsets
+        grad_accum = sub.grad_accum  # derived from the steps with step_tokens; as given otherwise
         info = {**sub.info, "oversize": oversize}
     info["remainder"] = remainder_info
     return Plan(
@@ -124,4 +129,5 @@ def plan_remainder(
         truncated=prepared.truncated,
         consumed=consumed_indices,
         info=info,
+        step_tokens=step_tokens,
     )

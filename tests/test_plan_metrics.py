@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -15,7 +16,9 @@ from strategies.metrics import (
     autocorrelation,
     composition_recurrence,
     length_mix_divergence,
+    longest_bucket_streak,
     plan_metrics,
+    step_buckets,
     step_recurrence,
 )
 from strategies.epoch_plan import Budget, Plan
@@ -339,7 +342,77 @@ def test_bounds_hold_on_random_plans(data):
     assert metrics["samples_seen_once"] is True
 
 
-@pytest.mark.parametrize("option", [{"acf_lags": 0}, {"mix_bins": 0}, {"acf_lags": 1.5}])
+@pytest.mark.parametrize("option", [{"acf_lags": 0}, {"mix_bins": 0}, {"acf_lags": 1.5}, {"streak_bins": 0}])
 def test_bad_metric_options_are_rejected(option):
     with pytest.raises(ValueError, match=next(iter(option))):
         plan_metrics(make_plan([1], [[0]]), **option)
+
+
+def test_longest_bucket_streak_uses_the_plans_own_bucket_edges():
+    # steps (one micro-batch each) from buckets A, A, A, B, A under edges [10, 100]
+    plan = dataclasses.replace(make_plan([5, 6, 7, 50, 8], [[0], [1], [2], [3], [4]]), info={"edges": [10, 100]})
+    metrics = plan_metrics(plan)
+    assert (metrics["longest_bucket_streak"], metrics["longest_bucket_streak_bucket"]) == (3, 0)
+    assert (metrics["single_bucket_steps"], metrics["streak_buckets"]) == (5, 2)
+    assert longest_bucket_streak(plan) == (3, 0)
+    # without edges the lengths fall in equal-count bins: 2 bins split them 5, 6 | 7, 50, 8
+    assert longest_bucket_streak(dataclasses.replace(plan, info={}), streak_bins=2) == (3, 1)
+
+
+def test_longest_bucket_streak_of_equal_count_bins_and_its_conventions():
+    lengths = list(range(1, 11))  # 2 equal-count bins: 1..5 and 6..10
+    # A, A, A, B, A, mixed, B: the mixed step breaks nothing longer; the first longest run wins
+    steps = [[0], [1], [2], [5], [3], [4, 9], [6, 7, 8]]
+    assert longest_bucket_streak(make_plan(lengths, steps), streak_bins=2) == (3, 0)
+    assert step_buckets(make_plan(lengths, steps), streak_bins=2)[0].tolist() == [0, 0, 0, 1, 0, -1, 1]
+    # no single-bucket step: 0; single-bucket steps that never repeat a bucket back to back: 1
+    assert longest_bucket_streak(make_plan(lengths, [[0, 5], [1, 6], [2, 7]]), streak_bins=2) == (0, -1)
+    assert longest_bucket_streak(make_plan(lengths, [[0], [5], [1], [6]]), streak_bins=2) == (1, 0)
+    # an empty step (2 ranks, both slots empty) ends a streak
+    two_ranks = make_plan(lengths, [[0], [1], [], [], [2], [3]], world_size=2)
+    assert longest_bucket_streak(two_ranks, streak_bins=2) == (1, 0)
+    assert plan_metrics(make_plan(lengths, steps), streak_bins=2)["longest_bucket_streak"] == 3
+
+
+def test_bucket_streaks_of_real_plans():
+    from strategies import Budget as PlanBudget
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(5)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 20000)), 16, 8192).astype(np.int64)
+    bucketed_plan = make_strategy_plan(lengths, PlanBudget(16384), "bucketed", world_size=8, num_buckets=8)
+    bucketed = plan_metrics(bucketed_plan)
+    shuffled = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "shuffle", world_size=8))
+    # whole steps of one bucket (same_bucket_steps) come back to back by chance
+    assert bucketed["single_bucket_steps"] > 0.5 * bucketed["steps"] and bucketed["longest_bucket_streak"] >= 2
+    assert bucketed["streak_buckets"] == len(bucketed_plan.info["edges"]) and shuffled["streak_buckets"] == 8
+    assert shuffled["longest_bucket_streak"] == 0 and shuffled["single_bucket_steps"] == 0
+
+
+def test_step_token_spread_leaves_out_the_last_step():
+    # 2 ranks; steps of 10, 12 and 8 real tokens, then a last step of 3
+    plan = make_plan([4, 6, 12, 5, 3, 3], [[0], [1], [2], [], [3, 4], [], [5], []], world_size=2)
+    metrics = plan_metrics(plan)
+    assert (metrics["step_tokens_min"], metrics["step_tokens_max"], metrics["step_tokens_last"]) == (8, 12, 3)
+    assert metrics["step_tokens_mean"] == pytest.approx(10.0)
+    assert metrics["step_tokens_cv"] == pytest.approx(math.sqrt(8 / 3) / 10)
+    assert (metrics["micro_batches_per_step_min"], metrics["micro_batches_per_step_max"]) == (1, 2)
+    assert metrics["micro_batches_per_step_mean"] == pytest.approx(4 / 3)
+    assert metrics["step_tokens_target"] is None
+    one_step = plan_metrics(make_plan([4, 6], [[0, 1]]))
+    assert one_step["step_tokens_min"] == one_step["step_tokens_last"] == 10 and one_step["step_tokens_cv"] == 0.0
+
+
+def test_equal_token_plans_report_their_target_and_a_narrow_spread():
+    from strategies import Budget as PlanBudget
+    from strategies import plan as make_strategy_plan
+
+    rng = np.random.default_rng(6)
+    lengths = np.clip(np.round(rng.lognormal(np.log(600), 1.0, 20000)), 16, 8192).astype(np.int64)
+    fixed = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "shuffle", world_size=8))
+    equal = plan_metrics(make_strategy_plan(lengths, PlanBudget(16384), "shuffle", world_size=8, step_tokens=131072))
+    assert equal["step_tokens_target"] == 131072
+    assert abs(equal["step_tokens_mean"] - 131072) <= 16384 / 2
+    assert equal["step_tokens_cv"] < fixed["step_tokens_cv"]
+    assert equal["micro_batches_per_step_max"] > equal["micro_batches_per_step_min"] > 8
+    assert fixed["micro_batches_per_step_min"] == fixed["micro_batches_per_step_max"] == 8

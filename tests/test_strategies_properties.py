@@ -133,3 +133,32 @@ def test_oversize_policies_are_exact_and_recorded(name, lengths, max_tokens, pol
         np.testing.assert_array_equal(p.dropped, too_long)
         assert not np.isin(p.sample_indices, too_long).any()
         assert p.sample_indices.size == lengths.size - too_long.size
+
+
+@SETTINGS
+@given(case=planning_cases(), step_tokens=st.integers(min_value=1, max_value=5000))
+def test_equal_token_steps_keep_every_invariant_and_the_cut_rules_bounds(case, step_tokens):
+    balance = case["balance"] and RankBalance(cost_model=case["balance"].cost_model)  # in-step placement only
+    case = {**case, "grad_accum": 1, "balance": balance, "step_tokens": step_tokens}
+    p = plan(**case)
+    again = plan(**case)
+    np.testing.assert_array_equal(p.sample_indices, again.sample_indices)
+    np.testing.assert_array_equal(p.micro_batch_offsets, again.micro_batch_offsets)
+    assert p.exactly_once() and p.budget_violations().size == 0 and p.step_tokens == step_tokens
+    # the grid: each rank's real micro-batches first, padding after; grad_accum the most a rank holds
+    counts = p.rank_step_counts()
+    filled = p.micro_batch_sizes().reshape(p.num_steps, p.world_size, p.grad_accum) > 0
+    np.testing.assert_array_equal(filled, np.arange(p.grad_accum)[None, None, :] < counts[:, :, None])
+    assert counts.max() == p.grad_accum and counts.sum(axis=1).min() >= 1
+    tokens = p.tokens_per_step()
+    largest = int(p.micro_batch_tokens().max())
+    if largest <= step_tokens:
+        body = tokens[:-1]
+        assert np.all(body > step_tokens - largest) and np.all(body <= step_tokens + largest)
+        assert 0 < tokens[-1] <= step_tokens + largest
+        if not (case["strategy"] == "bucketed" and case.get("same_bucket_steps", True)):
+            running = np.cumsum(body) - step_tokens * np.arange(1, body.size + 1)
+            assert body.size == 0 or np.abs(running).max() <= largest / 2
+    else:  # a micro-batch over step_tokens is a step alone
+        over = (p.micro_batch_tokens() > step_tokens).reshape(p.num_steps, -1).any(axis=1)
+        assert np.all(counts[over].sum(axis=1) == 1)

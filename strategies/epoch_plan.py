@@ -192,6 +192,14 @@ class Plan:
         last = self.grad_accum - np.argmax(filled[:, :, ::-1], axis=2)
         return np.where(filled.any(axis=2), last, 0).astype(np.int64)
 
+    def rank_step_slots(self) -> np.ndarray:
+        """``[num_steps, world_size]``: the micro-batch slots a rank runs in each step. Fixed accumulation: all
+        ``grad_accum`` of them (a short final step's empty ones too); equal-token steps: its real micro-batches,
+        or one empty slot where it has none (:meth:`rank_step_counts`)."""
+        if self.step_tokens is None:
+            return np.full((self.num_steps, self.world_size), self.grad_accum, dtype=np.int64)
+        return np.maximum(self.rank_step_counts(), 1)
+
     def tokens_per_step(self) -> np.ndarray:
         """Real (non-pad) tokens of every optimizer step, all ranks and micro-batches together."""
         return self.micro_batch_tokens().reshape(self.num_steps, self.micro_batches_per_step).sum(axis=1)

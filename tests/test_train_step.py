@@ -74,7 +74,7 @@ def test_one_rank_four_micro_batches_equals_two_ranks_two(tmp_path, batchlab_cac
     one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
     assert len(one) == len(two) >= 3
     for a, b in zip(one, two):
-        assert a["real_tokens"] == b["real_tokens"] and a["samples_per_step"] == b["samples_per_step"]
+        assert (a["real_tokens"], a["micro_batches"]) == (b["real_tokens"], b["micro_batches"])
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4), a["step"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
     # DDP's division by world size is undone: the first gradient (same weights) matches to fp32 precision
@@ -236,3 +236,49 @@ def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path
         assert not mask_b[:prompt].any() and mask_b[prompt:].all()  # the loss covers the new completion
         changed += list(ids_b[prompt:]) != list(ids_a[prompt:])
     assert changed > len(original) // 2  # the completions are the target's, not the corpus's
+
+
+# ---------------------------------------------------------------- equal-token steps
+STEP_TOKENS = [*IN_PROCESS, "experiment=smoke", "trainer.max_tokens=512", "trainer.step_tokens=1536",
+               "trainer.stop_tokens=12000", "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
+               "trainer.grad_stats_every=1"]
+
+
+def test_equal_token_steps_give_every_strategy_the_same_step_count(tmp_path, batchlab_cache):
+    steps = {}
+    for strategy in ("sorted", "shuffle", "packed"):
+        run(compose_config([*STEP_TOKENS, f"strategy={strategy}"]), tmp_path / strategy)
+        records = read_jsonl(tmp_path / strategy / "metrics.jsonl")
+        summary = json.loads((tmp_path / strategy / "summary.json").read_text())
+        assert summary["status"] == "complete" and summary["steps"] == summary["stop_steps"] == len(records)
+        steps[strategy] = records
+        # a step carries step_tokens real tokens within the largest micro-batch (max_tokens), but an epoch's
+        # last step (what is left) and the run's last
+        last_of_epoch = {r["epoch"]: r["step"] for r in records}
+        inner = [r for r in records if r["step"] != last_of_epoch[r["epoch"]]]
+        assert inner and all(abs(r["real_tokens"] - 1536) <= 512 for r in inner), [r["real_tokens"] for r in inner]
+        assert records[0]["plan_step_tokens_target"] == 1536
+    assert len({len(records) for records in steps.values()}) == 1  # the same number of optimizer steps
+    tokens = {s: records[-1]["tokens_seen"] for s, records in steps.items()}
+    assert max(tokens.values()) - min(tokens.values()) <= 2 * 512, tokens  # the same tokens, to a micro-batch
+    # padding shows as a step's cost (more micro-batches, more slots), not as more steps
+    for key in ("computed_slots", "micro_batches"):
+        assert np.mean([r[key] for r in steps["shuffle"]]) > np.mean([r[key] for r in steps["packed"]]), key
+
+
+def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache):
+    """Ranks run different numbers of micro-batches in a step (one synchronised backward each): the same steps
+    on 2 ranks and on 1 give the same losses and gradients."""
+    from train_support import train_cli
+
+    run(compose_config([*STEP_TOKENS, "strategy=shuffle"]), tmp_path / "one")
+    result = train_cli([*STEP_TOKENS[1:], "trainer.nproc=2", "strategy=shuffle", f"hydra.run.dir={tmp_path / 'two'}"],
+                       cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
+    assert len(one) == len(two) >= 6
+    assert any(r["micro_batches"] % 2 for r in two)  # some steps split unevenly over the ranks
+    for a, b in zip(one, two):
+        assert (a["real_tokens"], a["micro_batches"]) == (b["real_tokens"], b["micro_batches"])
+        for key in ("loss", "grad_norm", "tau"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)

@@ -98,7 +98,9 @@ class BatchCollator:
 
 
 class RankMicroBatches(Dataset):
-    """One rank's micro-batches of one epoch's plan, from ``start_step`` on, step-major then accumulation."""
+    """One rank's micro-batches of one epoch's plan, from ``start_step`` on, step-major then accumulation: the
+    slots it runs (:meth:`~strategies.Plan.rank_step_slots`: all ``grad_accum`` of a step, or, with equal-token
+    steps, its real micro-batches or one empty one)."""
 
     def __init__(self, plan: Plan, rank: int, start_step: int, rows: np.ndarray, collate: BatchCollator,
                  anchor_epoch: int | None = None) -> None:
@@ -106,13 +108,15 @@ class RankMicroBatches(Dataset):
         self.rows = rows  # plan index -> dataset row
         self.collate = collate
         self.anchor_epoch = plan.epoch if anchor_epoch is None else anchor_epoch
-        self.num_steps = plan.num_steps - start_step
+        self.slots = plan.rank_step_slots()[start_step:, rank]  # slots of each step from start_step on
+        self.first = np.concatenate([[0], np.cumsum(self.slots)])  # item of each step's first slot
 
     def __len__(self) -> int:
-        return self.num_steps * self.plan.grad_accum
+        return int(self.first[-1])
 
     def __getitem__(self, item: int) -> TrainingBatch:
-        step, accum = divmod(item, self.plan.grad_accum)
+        step = int(np.searchsorted(self.first, item, side="right")) - 1
+        accum = item - int(self.first[step])
         indices = self.plan.micro_batch(self.start_step + step, self.rank, accum)
         return self.collate(self.rows[indices], self.plan.lengths[indices], self.anchor_epoch)
 

@@ -57,13 +57,13 @@ def lengths_hash(lengths: np.ndarray, indices: np.ndarray) -> str:
 def plan_fingerprint(*, lengths_sha256: str, data_fingerprint: str, max_tokens: int, max_samples: int | None,
                      strategy: str, strategy_options: dict[str, Any], balance: Any, oversize: str,
                      world_size: int, grad_accum: int, seed: int, block_size: int, num_anchors: int,
-                     max_blocks: int | None) -> dict[str, Any]:
+                     max_blocks: int | None, step_tokens: int | None = None) -> dict[str, Any]:
     """The values a resumed run must share with the checkpoint (anchor settings included: they pick the blocks)."""
     return {
         "lengths_sha256": lengths_sha256, "data_fingerprint": data_fingerprint, "max_tokens": max_tokens,
         "max_samples": max_samples, "strategy": strategy, "strategy_options": dict(sorted(strategy_options.items())),
         "balance": balance, "oversize": oversize, "world_size": world_size, "grad_accum": grad_accum, "seed": seed,
-        "block_size": block_size, "num_anchors": num_anchors, "max_blocks": max_blocks,
+        "block_size": block_size, "num_anchors": num_anchors, "max_blocks": max_blocks, "step_tokens": step_tokens,
     }
 
 

@@ -80,6 +80,10 @@ class TrainerConfig:
     max_tokens: int = 2048  # micro-batch budget: computed token slots (padded) or row capacity (packed)
     max_samples: Optional[int] = None
     grad_accum: int = 1
+    # equal-token optimizer steps: every step carries about this many real tokens, its micro-batches (and a
+    # rank's count of them) varying as needed; needs grad_accum=1; the run stops after a step count (stop_tokens
+    # / step_tokens). None: fixed accumulation (world_size x grad_accum micro-batches a step)
+    step_tokens: Optional[int] = None
     oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
     stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
     stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null)
@@ -120,6 +124,12 @@ class TrainerConfig:
         _at_least("trainer.eval_real_new_tokens", self.eval_real_new_tokens, 1)
         _at_least("trainer.eval_real_prompt_tokens", self.eval_real_prompt_tokens, 1)
         _at_least("trainer.max_samples", self.max_samples, 1)
+        _at_least("trainer.step_tokens", self.step_tokens, 1)
+        if self.step_tokens is not None and self.grad_accum != 1:
+            raise ValueError(
+                f"trainer.step_tokens={self.step_tokens} makes the micro-batches of a step follow its tokens; it needs "
+                f"trainer.grad_accum=1 (got {self.grad_accum}): set one or the other"
+            )
         _at_least("trainer.threads_per_rank", self.threads_per_rank, 1)
         if (self.stop_tokens is None) == (self.stop_epochs is None):
             raise ValueError(

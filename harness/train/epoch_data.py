@@ -75,11 +75,16 @@ class EpochData:
             strategy_options=config.strategy_options, balance=config.balance, oversize=config.trainer.oversize,
             world_size=self.env.world_size, grad_accum=config.trainer.grad_accum, seed=config.seed,
             block_size=drafter.block_size, num_anchors=drafter.num_anchors, max_blocks=drafter.max_blocks,
+            step_tokens=config.trainer.step_tokens,
         )
         self.epoch_tokens = int(self.train_lengths.sum())
         stop = config.trainer
         self.total_tokens = (stop.stop_tokens if stop.stop_tokens is not None
                              else int(math.ceil(stop.stop_epochs * self.epoch_tokens)))
+        # equal-token steps stop after a step count, the same for every strategy (not at a token count reached
+        # part way through a step that differs by strategy); None: stop at total_tokens
+        self.total_steps = (int(math.ceil(self.total_tokens / stop.step_tokens)) if stop.step_tokens is not None
+                            else None)
         self.eval_groups = self._eval_groups(config.data.heldout_seed)
         # elastic resume: (epoch, the training-sample (plan) indices it had consumed) when the rest of that epoch
         # was re-planned for this world size / accumulation; None while every epoch runs its whole plan
@@ -126,7 +131,7 @@ class EpochData:
             return self._last_plan
         cfg = self.config
         shape = dict(seed=cfg.seed, epoch=epoch, world_size=self.env.world_size,
-                     grad_accum=cfg.trainer.grad_accum, balance=cfg.balance)
+                     grad_accum=cfg.trainer.grad_accum, balance=cfg.balance, step_tokens=cfg.trainer.step_tokens)
         if self.replanned(epoch):
             self._last_plan = plan_remainder(self.strategy, self.train_lengths, self._replanned[1], self.budget,
                                              **shape)

@@ -35,11 +35,11 @@ end is :class:`harness.train.feature_receiver.DrafterLink`, the target end
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -66,29 +66,31 @@ def job_store():
     return dist.distributed_c10d._get_default_store()
 
 
-@dataclasses.dataclass(frozen=True)
 class WorkOrder:
-    """The micro-batches of one epoch from ``start_step`` on, numbered ``(step, accumulation, drafter rank)``."""
+    """The micro-batches of one epoch from ``start_step`` on that the drafter ranks run, numbered in the order
+    ``(step, accumulation slot, drafter rank)``; the slots a rank does not run in a step (equal-token steps:
+    :meth:`~strategies.Plan.rank_step_slots`) get no number."""
 
-    plan: Plan
-    start_step: int
-    drafter_ranks: int
-
-    @property
-    def per_step(self) -> int:
-        return self.plan.grad_accum * self.drafter_ranks
+    def __init__(self, plan: Plan, start_step: int, drafter_ranks: int) -> None:
+        self.plan, self.start_step, self.drafter_ranks = plan, start_step, drafter_ranks
+        slots = plan.rank_step_slots()[start_step:]  # [steps, drafter ranks]
+        runs = np.arange(plan.grad_accum)[None, :, None] < slots[:, None, :]  # [steps, accum, drafter]
+        self._numbers = np.where(runs, np.cumsum(runs.reshape(-1)).reshape(runs.shape) - 1, -1)
+        self._items = np.argwhere(runs)  # in (step, accum, drafter) order: the item of every number
 
     def __len__(self) -> int:
-        return (self.plan.num_steps - self.start_step) * self.per_step
+        return len(self._items)
 
     def item(self, index: int) -> tuple[int, int, int]:
         """``(step, accumulation slot, drafter rank)`` of micro-batch ``index``."""
-        step, rest = divmod(index, self.per_step)
-        accum, drafter = divmod(rest, self.drafter_ranks)
+        step, accum, drafter = (int(v) for v in self._items[index])
         return self.start_step + step, accum, drafter
 
     def index(self, step: int, accum: int, drafter: int) -> int:
-        return (step - self.start_step) * self.per_step + accum * self.drafter_ranks + drafter
+        number = int(self._numbers[step - self.start_step, accum, drafter])
+        if number < 0:
+            raise IndexError(f"drafter rank {drafter} runs no slot {accum} in step {step}")
+        return number
 
 
 class Heartbeat:

@@ -182,12 +182,13 @@ class DrafterLink:
         self._publish(plan.epoch + 1, self.plan_epoch(plan.epoch + 1), 0,
                       global_step + 1 + plan.num_steps - start_step)
         order = WorkOrder(plan, start_step, len(self.placement.drafter_ranks))
+        slots = plan.rank_step_slots()[:, self.index]
         for step in range(start_step, plan.num_steps):
             current = global_step + 1 + step - start_step
             self.status.stage("wait_features", current)
             started = time.perf_counter()
             batches = [self._take(plan.epoch, order.index(step, accum, self.index), step)
-                       for accum in range(plan.grad_accum)]
+                       for accum in range(slots[step])]
             wait = time.perf_counter() - started
             self._idle += wait
             yield step, batches, wait

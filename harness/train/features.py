@@ -85,10 +85,10 @@ class LocalTarget:
         loader = micro_batch_loader(dataset, workers, trainer.prefetch_factor, pin_memory=device.type == "cuda")
         iterator = iter(loader)
         try:
-            for step in range(start_step, plan.num_steps):
+            for step, slots in zip(range(start_step, plan.num_steps), dataset.slots):
                 inputs.status.stage("data_wait", global_step + 1 + step - start_step)
                 started = time.perf_counter()
-                batches = [next(iterator).to(device) for _ in range(plan.grad_accum)]
+                batches = [next(iterator).to(device) for _ in range(slots)]
                 yield step, batches, time.perf_counter() - started
         finally:
             # Shut the workers down now, through the loader's own protocol (they ignore SIGTERM, see

@@ -45,6 +45,7 @@ class StepStats:
 
     real_tokens: float = stat("sum", integer=True)
     computed_slots: float = stat("sum", integer=True)
+    micro_batches: float = stat("sum", integer=True)  # non-empty ones
     samples: float = stat()
     length_sum: float = stat()
     length_sq_sum: float = stat()
@@ -77,6 +78,7 @@ class StepStats:
             "weighted_ce_sum", "weight_sum", "correct_sum", "label_count", "tau_sum", "block_count", "blocks_computed")}
         return cls(
             real_tokens=float(lengths.sum()), computed_slots=float(sum(b.computed_slots for b in batches)),
+            micro_batches=float(sum(not b.empty for b in batches)),
             samples=float(lengths.numel()), length_sum=float(lengths.sum()),
             length_sq_sum=float(lengths.square().sum()), **loss_sums,
             blocks_capped=float(sum(b.drafter.num_blocks_capped for b in batches if not b.empty)),

@@ -52,7 +52,8 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
     * ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length; ``recurrence`` = mean over
       epochs of ``recurrence`` (default :func:`recurrence_key`), ``recurrence_kind`` = step or micro-batch;
     * ``rank_imbalance``, ``data_wait_fraction``, ``drafter_block_efficiency``, ``peak_memory_mb`` = means over
-      steps; ``final_loss`` = the last step's training loss.
+      steps; ``final_loss`` = the last step's training loss; ``clip_fraction`` = the share of steps whose
+      gradient norm was clipped.
     """
     recurrence = recurrence or recurrence_key(records)
     real = sum(_finite(r.get("real_tokens") for r in records))
@@ -75,6 +76,7 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
         "drafter_block_efficiency": _mean(r.get("drafter_block_efficiency") for r in records),
         "peak_memory_mb": _mean(r.get("peak_memory_mb") for r in records),
         "final_loss": losses[0] if losses else math.nan,
+        "clip_fraction": _mean(float(_truthy(r.get("grad_clipped"))) for r in records if "grad_clipped" in r),
     }
 
 
@@ -95,7 +97,7 @@ def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrup
         "world_size": world_size, "grad_accum": config.trainer.grad_accum, "max_tokens": data.budget.max_tokens,
         "layout": data.strategy.layout, "tokens_seen": state.tokens_seen, "samples_seen": state.samples_seen,
         "steps": state.global_step, "epochs": state.tokens_seen / data.epoch_tokens, "epoch_tokens": data.epoch_tokens,
-        "stop_tokens": data.total_tokens,
+        "stop_tokens": data.total_tokens, "step_tokens": config.trainer.step_tokens, "stop_steps": data.total_steps,
         "tokens_per_second": state.tokens_seen / state.train_time_s if state.train_time_s else math.nan,
         "train_time_s": state.train_time_s, "wall_time_s": wall_time,
         "padding_ratio": 1.0 - state.tokens_seen / state.computed_slots if state.computed_slots else 0.0,

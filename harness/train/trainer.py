@@ -177,7 +177,7 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         record = step_record(ranks, grad_norm, lr, time.perf_counter() - optimizer_started)
-        record.update(grad_record)
+        record.update(grad_record, grad_clipped=bool(clip > 0 and grad_norm > clip))
         self.stop_requested = bool(ranks["stop_requested"].max() > 0)
         return record
 
@@ -207,6 +207,8 @@ class Trainer:
         self.status.close()
 
     def _done(self) -> bool:
+        if self.data.total_steps is not None:  # equal-token steps: the same step count for every strategy
+            return self.state.global_step >= self.data.total_steps
         return self.state.tokens_seen >= self.data.total_tokens
 
     def _install_signal_handlers(self) -> None:

@@ -302,8 +302,9 @@ def surviving_sentence(test: PairTest) -> str:
     a_better = (test.mean_diff < 0) == (better == "lower")
     first, second = (test.a, test.b) if a_better else (test.b, test.a)
     low, high = sorted(abs(v) for v in test.ci)
+    p = format_p(test.p_holm)
     return (f"{words}: {first} {better} than {second} by {fmt.format(abs(test.mean_diff))} (95% t interval "
-            f"{fmt.format(low)}–{fmt.format(high)}, Holm-adjusted p = {format_p(test.p_holm)}, "
+            f"{fmt.format(low)}–{fmt.format(high)}, Holm-adjusted p {p if p.startswith('<') else '= ' + p}, "
             f"{len(test.seeds)} seeds)")
 
 

@@ -177,8 +177,9 @@ def test_a_clear_difference_survives_holm_and_a_tie_does_not():
     lines = summary_sentences(table, tests, timing)
     assert lines[0].startswith("packed has the highest throughput") and "1.00× sorted" in lines[0]
     assert (f"held-out loss: packed lower than sorted by {abs(clear.mean_diff):.3f} (95% t interval "
-            f"{clear.ci[0]:.3f}–{clear.ci[1]:.3f}, Holm-adjusted p = ") in lines[1]
+            f"{clear.ci[0]:.3f}–{clear.ci[1]:.3f}, Holm-adjusted p ") in lines[1]
     assert "shuffle lower than packed" not in lines[1] and "packed lower than shuffle" not in lines[1]
+    assert "p = <" not in lines[1] and ("Holm-adjusted p < 0.001" in lines[1]) == (clear.p_holm < 0.001)
     text = " ".join(comparison_sentences(tests, timing))
     assert "9 two-sided paired t-tests, Holm–Bonferroni over all 9" in text and "2 differences survive" in text
 

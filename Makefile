@@ -52,7 +52,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=strategies
 	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report
-	@echo "report: $(CURDIR)/outputs/report/report.html"
+	@echo "report: $(CURDIR)/outputs/report/report.html (README block: outputs/report/summary.md)"
 
 # Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
 plan-demo: $(STAMP)

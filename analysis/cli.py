@@ -1,11 +1,17 @@
-"""``batchlab-report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--wandb-workspace ENTITY/PROJECT]``.
+"""``batchlab-report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--markdown-summary PATH] [--wandb-workspace E/P]``.
 
 Reads the runs of one or more sweep directories (``batchlab-train -m ... hydra.sweep.dir=DIR``), writes
-the seven figures (PNG + SVG), ``report.md``, a self-contained ``report.html`` and the CSV tables
-into ``--out`` (default ``SWEEP_DIR/report``), and prints where ``report.html`` is. Crashed or
-interrupted runs are listed in the report, never mixed in. Exit status 2 with one line naming the
-directory or run and the fix for: no runs, incompatible sweeps mixed, missing metrics, a W&B
-workspace that cannot be built or saved.
+the seven figures (PNG + SVG), ``report.md``, a self-contained ``report.html``, the CSV tables and
+``summary.md`` (the README's block: per-strategy table, differences that survive Holm–Bonferroni,
+disturbed-timing note) into ``--out`` (default ``SWEEP_DIR/report``), and prints where ``report.html``
+is; ``--markdown-summary PATH`` writes the summary there too. Crashed or interrupted runs are listed in
+the report, never mixed in.
+
+``batchlab-report --from-runs-csv RUNS_CSV [--markdown-summary PATH]`` re-renders the summary from a
+report's ``runs.csv`` alone (to PATH, or standard output).
+
+Exit status 2 with one line naming the directory or run and the fix for: no runs, incompatible sweeps
+mixed, missing metrics, an unreadable runs.csv, a W&B workspace that cannot be built or saved.
 """
 
 from __future__ import annotations
@@ -21,8 +27,13 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="batchlab-report",
         description="Report a batchlab strategy sweep: throughput against gradient diversity and convergence.")
-    p.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="directory of a batchlab-train -m sweep")
+    p.add_argument("sweep_dirs", nargs="*", metavar="SWEEP_DIR", help="directory of a batchlab-train -m sweep")
     p.add_argument("--out", metavar="DIR", help="where to write the report (default: FIRST_SWEEP_DIR/report)")
+    p.add_argument("--markdown-summary", metavar="PATH",
+                   help="also write the markdown summary (always OUT/summary.md) to PATH, e.g. to paste in a README")
+    p.add_argument("--from-runs-csv", metavar="RUNS_CSV",
+                   help="no sweep: re-render the markdown summary from a report's runs.csv (to --markdown-summary "
+                        "PATH, else standard output)")
     p.add_argument("--target-loss", type=float, metavar="LOSS",
                    help="held-out loss for the 'tokens to target loss' column (default: the worst final one)")
     p.add_argument("--source", choices=("jsonl", "wandb"), default="jsonl",
@@ -39,8 +50,32 @@ def fail(message: str) -> int:
     return 2
 
 
+def summary_from_runs_csv(runs_csv: str, out: str | None) -> int:
+    from analysis.summary import read_runs_csv, summary_markdown
+
+    try:
+        runs = read_runs_csv(runs_csv)
+        text = summary_markdown(runs)
+    except (OSError, ValueError, KeyError) as error:
+        return fail(f"cannot render a summary from {runs_csv} ({type(error).__name__}: {error}); give the runs.csv "
+                    "that batchlab-report wrote")
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        print(f"batchlab-report: wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.from_runs_csv:
+        if args.sweep_dirs:
+            return fail("give either SWEEP_DIR(s) or --from-runs-csv, not both")
+        return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary)
+    if not args.sweep_dirs:
+        return fail("no SWEEP_DIR given (or --from-runs-csv RUNS_CSV to re-render a summary)")
     workspace_path = None
     if args.wandb_workspace:  # check the flag before the (slower) report
         from analysis.workspace import WorkspaceUnavailable, _library, parse_workspace_path
@@ -64,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batchlab-report: {len(sweep.runs)} runs, {len(sweep.strategies)} strategies, {len(sweep.seeds)} seeds")
     for sentence in report.sentences[:3]:
         print(f"  {sentence}")
+    if args.markdown_summary:
+        Path(args.markdown_summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown_summary).write_text(report.summary.read_text())
+        print(f"batchlab-report: wrote {args.markdown_summary}")
     print(f"batchlab-report: wrote {report.html}")
     if workspace_path is not None:
         from analysis.workspace import build_workspace, save_workspace

@@ -20,26 +20,36 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the average
   when some run has them) = 100 · the mean over steps and target ranks of the target ranks' busy
   fraction / of the drafter ranks' time waiting for features: which stage bounds the run.
 
-Across seeds (:func:`compare_final`): strategies are paired by seed against the best one; paired
-t-test (two-sided) and its 95 % interval, plus a bootstrap interval of the mean paired difference.
-With fewer than 3 paired seeds nothing is tested and no ranking is called significant.
+- ``step_slot_rate_spread`` = p90 / p10 of the run's per-step computed slots per second and
+  ``step_stall_factor`` = Σ step time / (Σ computed slots / median per-step rate)
+  (:func:`analysis.stats.step_rate_checks`): how steady the machine was during the run.
+
+Across seeds (:mod:`analysis.stats`): every pair of strategies on every headline metric, paired by seed,
+Holm–Bonferroni over the whole family; :func:`analysis.stats.timing_check` says whose timings were disturbed,
+and then no throughput ratio is quoted (:func:`format_table`, :func:`summary_sentences`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from analysis.load import Sweep, order_strategies
+from analysis.stats import (
+    MIN_SEEDS,
+    THROUGHPUT_SOURCE,
+    PairTest,
+    TimingCheck,
+    family_sentences,
+    step_rate_checks,
+    surviving_sentence,
+)
 from harness.train.summary import step_averages
 
 REFERENCE = "sorted"
-ALPHA = 0.05
-MIN_SEEDS = 3
 
 #: the per-strategy table: column → (heading, format)
 TABLE_COLUMNS = {
@@ -146,6 +156,8 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "target_loss": target,
             "tokens_to_loss": tokens_to_reach(history, target),
             "target_busy_pct": target_busy, "drafter_idle_pct": drafter_idle,
+            **step_rate_checks(history["real_tokens"], history.get("computed_slots", history["real_tokens"]),
+                               history["step_time"]),
         })
     frame = pd.DataFrame(rows)
     frame["relative_throughput"], frame.attrs["reference"] = relative_throughput(frame)
@@ -183,257 +195,77 @@ def strategy_table(per_run: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def format_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The table as strings, ``mean ± sd`` (``—`` where undefined, ``not reached (k/n)`` for the token target)."""
+def format_table(table: pd.DataFrame, timing: TimingCheck | None = None,
+                 columns: dict[str, tuple[str, str]] | None = None) -> pd.DataFrame:
+    """The table as strings, ``mean ± sd`` (``—`` where undefined, ``not reached (k/n)`` for the token target).
+
+    With disturbed ``timing`` the ratio column shows ``—`` (no ratio is quoted) and the real tokens/s of each
+    disturbed strategy is marked ``(disturbed)``. ``columns`` (default :data:`TABLE_COLUMNS`) picks and names them;
+    a format ending in ``%`` shows the unit on both numbers, one with ``,`` separates thousands."""
+    columns = TABLE_COLUMNS if columns is None else columns
+    disturbed = set(timing.disturbed) if timing is not None else set()
     out = pd.DataFrame({"strategy": table["strategy"], "seeds": table["seeds"].astype(str)})
-    for column, (heading, fmt) in TABLE_COLUMNS.items():
+    for column, (heading, fmt) in columns.items():
         if column in STAGE_COLUMNS and not np.isfinite(table[column].astype(float)).any():
             continue  # colocated runs: no stages to show
         cells = []
         for row in table.itertuples(index=False):
             mean, sd, n = getattr(row, column), getattr(row, f"{column}_sd"), getattr(row, f"{column}_n")
+            if column == "relative_throughput" and disturbed:
+                cells.append("—")
+                continue
             if not math.isfinite(mean):
                 cells.append("not reached" if column == "tokens_to_loss" else "—")
                 continue
             cell = fmt.format(mean)
-            if n > 1:
-                cell += " ± " + _same_decimals(cell, abs(sd))
+            if n > 1 and not (column == "relative_throughput" and row.strategy == table.attrs.get("reference")):
+                cell += " ± " + _same_decimals(cell, abs(sd), thousands="," in fmt)
             if column == "tokens_to_loss" and n < row.seeds:
                 cell += f" ({n}/{row.seeds} seeds)"
+            if column == "tokens_per_second" and row.strategy in disturbed:
+                cell += " (disturbed)"
             cells.append(cell)
         out[heading] = cells
     return out
 
 
-def _same_decimals(shown: str, value: float) -> str:
-    """``value`` with as many decimals as the already formatted ``shown`` (``0.953`` → ``0.041``)."""
-    digits = shown.split("e")[0]
+def _same_decimals(shown: str, value: float, thousands: bool = False) -> str:
+    """``value`` with as many decimals (and the unit) as the already formatted ``shown`` (``0.953`` → ``0.041``)."""
+    unit = "%" if shown.endswith("%") else ""
+    digits = shown.removesuffix(unit).split("e")[0]
     decimals = len(digits.split(".")[1]) if "." in digits else 0
-    return f"{value:.{decimals}f}"
-
-
-# ---------------------------------------------------------------- statistics
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: int) -> float:
-    """P(|T| ≥ |t|) for Student's t with ``df`` degrees of freedom."""
-    if math.isinf(t):
-        return 0.0
-    return betainc(df / 2.0, 0.5, df / (df + t * t))
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The ``q`` quantile (q > 0.5) of Student's t, by bisection on :func:`t_two_sided_p`."""
-    target = 2.0 * (1.0 - q)
-    lo, hi = 0.0, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_two_sided_p(mid, df) > target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-@dataclass
-class PairedComparison:
-    metric: str  # final_eval_loss or final_eval_tau
-    strategy: str
-    best: str
-    seeds: list[int]
-    mean_diff: float  # strategy − best
-    sd_diff: float
-    p_value: float  # NaN when not tested (fewer than MIN_SEEDS paired seeds)
-    ci: tuple[float, float]  # t interval, 95 %
-    bootstrap_ci: tuple[float, float]
-    tested: bool
-    significant: bool
-    worse: bool  # strategy worse than best (higher loss, lower τ)
-
-
-@dataclass
-class Comparison:
-    metric: str
-    best: str
-    means: dict[str, float]
-    pairs: list[PairedComparison] = field(default_factory=list)
-    enough_seeds: bool = False
-
-
-METRIC_WORDS = {"final_eval_loss": ("final held-out loss", "lower"), "final_eval_tau": ("final τ", "higher")}
-
-
-def bootstrap_interval(diffs: np.ndarray, rounds: int = 10000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean of ``diffs`` (resampling seeds, fixed RNG)."""
-    if diffs.size == 0:
-        return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    means = diffs[rng.integers(0, diffs.size, size=(rounds, diffs.size))].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
-    return (float(low), float(high))
-
-
-def paired_test(diffs: np.ndarray) -> tuple[float, tuple[float, float]]:
-    """Two-sided paired t-test of mean(diffs) = 0: p-value and 95 % interval of the mean difference."""
-    n = diffs.size
-    mean = float(diffs.mean())
-    sd = float(diffs.std(ddof=1))
-    if sd == 0.0:
-        return (0.0 if mean != 0.0 else 1.0), (mean, mean)
-    se = sd / math.sqrt(n)
-    t = mean / se
-    half = t_quantile(0.975, n - 1) * se
-    return t_two_sided_p(t, n - 1), (mean - half, mean + half)
-
-
-def compare_final(per_run: pd.DataFrame, metric: str) -> Comparison:
-    """Every strategy against the best one on ``metric``, paired by seed."""
-    lower_is_better = METRIC_WORDS[metric][1] == "lower"
-    means = per_run.groupby("strategy")[metric].mean().dropna()
-    if means.empty:
-        return Comparison(metric, "", {})
-    best = str(means.idxmin() if lower_is_better else means.idxmax())
-    best_runs = per_run[per_run["strategy"] == best].set_index("seed")[metric]
-    comparison = Comparison(metric, best, {s: float(means[s]) for s in order_strategies(means.index)})
-    enough = True
-    for strategy in order_strategies(means.index):
-        if strategy == best:
-            continue
-        other = per_run[per_run["strategy"] == strategy].set_index("seed")[metric]
-        seeds = sorted(int(s) for s in set(other.dropna().index) & set(best_runs.dropna().index))
-        diffs = np.array([other[s] - best_runs[s] for s in seeds], dtype=float)
-        tested = len(seeds) >= MIN_SEEDS
-        enough &= tested
-        if tested:
-            p, ci = paired_test(diffs)
-        else:
-            p, ci = math.nan, (math.nan, math.nan)
-        mean = float(diffs.mean()) if diffs.size else math.nan
-        comparison.pairs.append(PairedComparison(
-            metric=metric, strategy=strategy, best=best, seeds=seeds, mean_diff=mean,
-            sd_diff=float(diffs.std(ddof=1)) if diffs.size > 1 else math.nan, p_value=p, ci=ci,
-            bootstrap_ci=bootstrap_interval(diffs) if tested else (math.nan, math.nan), tested=tested,
-            significant=bool(tested and p < ALPHA),
-            worse=bool(mean > 0) if lower_is_better else bool(mean < 0)))
-    comparison.enough_seeds = enough and bool(comparison.pairs)
-    return comparison
-
-
-def comparisons_frame(comparisons: list[Comparison]) -> pd.DataFrame:
-    rows = []
-    for comparison in comparisons:
-        for pair in comparison.pairs:
-            rows.append({"metric": pair.metric, "strategy": pair.strategy, "against": pair.best,
-                         "seeds": len(pair.seeds), "mean_difference": pair.mean_diff, "sd_difference": pair.sd_diff,
-                         "ci_low": pair.ci[0], "ci_high": pair.ci[1], "bootstrap_low": pair.bootstrap_ci[0],
-                         "bootstrap_high": pair.bootstrap_ci[1], "p_value": pair.p_value, "tested": pair.tested,
-                         "significant": pair.significant})
-    return pd.DataFrame(rows)
+    return f"{value:{',' if thousands else ''}.{decimals}f}{unit}"
 
 
 # ---------------------------------------------------------------- sentences
-def _p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}" if p < 0.01 else f"p = {p:.2f}"
-
-
-def comparison_sentences(comparison: Comparison) -> list[str]:
-    words, _ = METRIC_WORDS[comparison.metric]
-    if not comparison.pairs:
-        return []
-    if not comparison.enough_seeds:
-        fewest = min(len(p.seeds) for p in comparison.pairs)
-        ranking = ", ".join(f"{s} {m:.3f}" for s, m in comparison.means.items())
-        return [f"With {fewest} paired seed{'s' if fewest != 1 else ''} (fewer than {MIN_SEEDS}), no ranking of "
-                f"{words} is significant; the means ({ranking}) are descriptive only."]
-    sentences = []
-    identical = [p for p in comparison.pairs if p.mean_diff == 0.0 and (p.sd_diff == 0.0 or math.isnan(p.sd_diff))]
-    if identical:
-        names = ", ".join([comparison.best] + [p.strategy for p in identical])
-        sentences.append(f"{names} have the same {words} in every seed ({comparison.means[comparison.best]:.3f}): "
-                         "nothing to rank.")
-    same = [p for p in comparison.pairs if not p.significant and all(p is not q for q in identical)]
-    if same:
-        names = " and ".join([comparison.best] + [p.strategy for p in same]) if len(same) == 1 else \
-            ", ".join([comparison.best] + [p.strategy for p in same[:-1]]) + f" and {same[-1].strategy}"
-        details = "; ".join(f"{p.strategy} − {p.best} = {p.mean_diff:+.3f} ± {p.sd_diff:.3f}, {_p(p.p_value)}"
-                            for p in same)
-        sentences.append(f"{names} are indistinguishable in {words} ({details}; paired t-test over "
-                         f"{len(same[0].seeds)} seeds).")
-    for p in comparison.pairs:
-        if not p.significant:
-            continue
-        direction = "worse" if p.worse else "better"
-        sentences.append(f"{p.strategy} is {direction} than {p.best} in {words} by {abs(p.mean_diff):.3f} ± "
-                         f"{p.sd_diff:.3f} (95% CI {p.ci[0]:+.3f} to {p.ci[1]:+.3f}, {_p(p.p_value)}, "
-                         f"{len(p.seeds)} seeds).")
-    return sentences
-
-
-def summary_sentences(table: pd.DataFrame, loss: Comparison, tau: Comparison) -> list[str]:
-    """Which strategy dominates, what trade-off remains, what the diversity numbers say."""
+def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: TimingCheck) -> list[str]:
+    """The findings: throughput (no ratio when the timings were disturbed), the differences that survive
+    Holm–Bonferroni, what the recurrence and diversity numbers say."""
     reference = table.attrs.get("reference", REFERENCE)
-    finite = table[np.isfinite(table["relative_throughput"])]
+    finite = table[np.isfinite(table["tokens_per_second"])]
     if finite.empty:
         return []
-    fastest = finite.loc[finite["relative_throughput"].idxmax()]
-    sentences = [f"{fastest['strategy']} has the highest throughput: {fastest['tokens_per_second']:.0f} real "
-                 f"tokens/s, {fastest['relative_throughput']:.2f}× {reference} "
-                 f"(padding {fastest['padding_pct']:.1f}%)."]
-    not_worse = {loss.best} | {p.strategy for p in loss.pairs if not (p.significant and p.worse)}
-    not_worse_tau = {tau.best} | {p.strategy for p in tau.pairs if not (p.significant and p.worse)}
-    name = fastest["strategy"]
-    significant = loss.enough_seeds and tau.enough_seeds
-    if name == loss.best and name == tau.best:
-        qualifier = "" if significant else " (descriptively: too few seeds for a test)"
-        sentences.append(f"{name} dominates{qualifier}: the fastest strategy also has the best held-out loss and τ.")
-    elif significant and name in not_worse and name in not_worse_tau:
-        best = loss.best if loss.best == tau.best else f"loss: {loss.best}, τ: {tau.best}"
-        sentences.append(f"{name} dominates: the fastest strategy, and its held-out loss and τ are not "
-                         f"significantly worse than the best ({best}).")
+    fastest = finite.loc[finite["tokens_per_second"].idxmax()]
+    if timing.flagged:
+        sentences = [f"{fastest['strategy']} has the highest throughput measured in this sweep "
+                     f"({fastest['tokens_per_second']:,.0f} real tokens/s, padding {fastest['padding_pct']:.1f}%), "
+                     f"but the timings of {', '.join(timing.disturbed)} were disturbed: no throughput ratio is quoted "
+                     f"from this sweep (`{THROUGHPUT_SOURCE}` is the source of record)."]
     else:
-        best = table.set_index("strategy").loc[loss.best]
-        gap = fastest["final_eval_loss"] - best["final_eval_loss"]
-        tail = "" if significant else " — not a significant difference with so few seeds"
-        sentences.append(f"A trade-off remains: {name} is fastest but {loss.best} reaches a lower held-out loss "
-                         f"({best['final_eval_loss']:.3f} against {fastest['final_eval_loss']:.3f}, "
-                         f"{gap:+.3f}) at {best['relative_throughput']:.2f}× {reference}{tail}.")
+        sentences = [f"{fastest['strategy']} has the highest throughput: {fastest['tokens_per_second']:,.0f} real "
+                     f"tokens/s, {fastest['relative_throughput']:.2f}× {reference} "
+                     f"(padding {fastest['padding_pct']:.1f}%)."]
+    survivors = [t for t in tests if t.survives]
+    if survivors:
+        sentences.append("Differences that survive Holm–Bonferroni (every pair, every headline metric, α = 0.05): "
+                         + "; ".join(surviving_sentence(t) for t in survivors) + ".")
+    elif any(t.tested for t in tests):
+        sentences.append("No difference between strategies survives Holm–Bonferroni over every pair and headline "
+                         "metric: no ranking is significant, the means are descriptive only.")
+    else:
+        fewest = min((len(t.seeds) for t in tests), default=0)
+        sentences.append(f"With {fewest} paired seed{'s' if fewest != 1 else ''} (fewer than {MIN_SEEDS}) nothing is "
+                         "tested: no ranking is significant, the means are descriptive only.")
     rec = table[np.isfinite(table["recurrence"])]
     if len(rec):
         most = rec.loc[rec["recurrence"].idxmax()]
@@ -450,3 +282,8 @@ def summary_sentences(table: pd.DataFrame, loss: Comparison, tau: Comparison) ->
                          "accumulation micro-batches) pull in different directions, so length-homogeneous "
                          "micro-batches raise it: read it with the recurrence and length-mix columns.")
     return sentences
+
+
+def comparison_sentences(tests: list[PairTest], timing: TimingCheck) -> list[str]:
+    """The statistics section's sentences: the family, what was not tested, the timing note."""
+    return family_sentences(tests) + ([timing.note()] if timing.flagged else [])

@@ -106,6 +106,12 @@ def _note(ax, text: str) -> None:
             bbox={"facecolor": "white", "edgecolor": "#bbbbbb"})
 
 
+def _disturbed_banner(fig: Figure, disturbed: Sequence[str]) -> None:
+    if disturbed:
+        fig.suptitle(f"timings disturbed ({', '.join(disturbed)}): these throughputs are no measurement of record; "
+                     "see benchmarks/train_throughput.py", color="#b00000", fontsize=9)
+
+
 def _finite(values) -> np.ndarray:
     array = pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=float)
     return array[np.isfinite(array)]
@@ -120,7 +126,9 @@ def _legend(fig: Figure, style: StrategyStyle, axes, ncol: int | None = None) ->
 
 
 # ---------------------------------------------------------------- 1
-def frontier(per_run: pd.DataFrame, style: StrategyStyle) -> Figure:
+def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[str] = ()) -> Figure:
+    """``disturbed``: strategies whose timings were disturbed (:func:`analysis.stats.timing_check`); the figure
+    then says that its ratios are no measurement of record."""
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
     panels = [("grad_diversity", "gradient diversity Δ of a step's small batches (higher: they disagree more)"),
@@ -152,6 +160,7 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle) -> Figure:
                 _note(ax, why)
         axes[0].set_title("Throughput vs gradient diversity")
         axes[1].set_title("Throughput vs repeated batch composition")
+        _disturbed_banner(fig, disturbed)
         _legend(fig, style, axes)
     return fig
 
@@ -194,7 +203,8 @@ def heldout(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
 
 
 # ---------------------------------------------------------------- 3
-def throughput(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+def throughput(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle,
+               disturbed: Sequence[str] = ()) -> Figure:
     names = style.strategies
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1, 1, 1.3]})
@@ -235,6 +245,7 @@ def throughput(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle)
         ax.grid(axis="y", visible=False)
         if present:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
+        _disturbed_banner(fig, disturbed)
         fig.tight_layout()
     return fig
 
@@ -451,11 +462,13 @@ def train_loss(steps: pd.DataFrame, style: StrategyStyle, window: int = 7) -> Fi
     return fig
 
 
-def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle) -> dict[str, Figure]:
+def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle,
+                disturbed: Sequence[str] = ()) -> dict[str, Figure]:
+    """The seven figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones."""
     return {
-        "frontier": frontier(per_run, style),
+        "frontier": frontier(per_run, style, disturbed),
         "heldout": heldout(steps, style),
-        "throughput": throughput(per_run, steps, style),
+        "throughput": throughput(per_run, steps, style, disturbed),
         "acf": acf(steps, style),
         "streaks": streaks(steps, style),
         "grad_stats": grad_stats(steps, style),

@@ -2,9 +2,13 @@
 
 :func:`build_report` takes a loaded :class:`~analysis.load.Sweep` and writes into ``out_dir``:
 ``figures/<name>.png`` and ``.svg`` (the seven figures of :mod:`analysis.figures`), ``runs.csv``
-(per-run numbers), ``strategies.csv`` (the per-strategy table, means and standard deviations),
-``comparisons.csv`` (the paired tests), ``excluded.csv`` (runs left out), ``report.md`` and
-``report.html`` (figures embedded as base64 PNG, no external file needed).
+(per-run numbers), ``strategies.csv`` (the per-strategy table, means and standard deviations, and the
+timing check: ``tokens_per_second_cv``, ``step_slot_rate_spread_max``, ``step_stall_factor_max``,
+``timing_disturbed``),
+``comparisons.csv`` (every pair of strategies on every headline metric: paired t-test, Holm–Bonferroni;
+:mod:`analysis.stats`), ``excluded.csv`` (runs left out), ``summary.md`` (the README's block,
+:mod:`analysis.summary`, rendered from ``runs.csv``), ``report.md`` and ``report.html`` (figures embedded
+as base64 PNG, no external file needed).
 """
 
 from __future__ import annotations
@@ -20,18 +24,18 @@ import numpy as np
 import pandas as pd
 
 from analysis import figures as figs
-from analysis.compare import (
-    MIN_SEEDS,
-    Comparison,
-    compare_final,
-    comparison_sentences,
-    comparisons_frame,
-    format_table,
-    run_metrics,
-    strategy_table,
-    summary_sentences,
-)
+from analysis.compare import comparison_sentences, format_table, run_metrics, strategy_table, summary_sentences
 from analysis.load import Sweep
+from analysis.stats import (
+    HEADLINE_METRICS,
+    PairTest,
+    TimingCheck,
+    compare_pairs,
+    comparisons_frame,
+    format_p,
+    timing_check,
+)
+from analysis.summary import md_table, read_runs_csv, write_summary
 
 
 @dataclass
@@ -39,11 +43,13 @@ class Report:
     out_dir: Path
     per_run: pd.DataFrame
     table: pd.DataFrame
-    comparisons: list[Comparison]
+    comparisons: list[PairTest]
+    timing: TimingCheck
     sentences: list[str]
     figures: dict[str, list[Path]] = field(default_factory=dict)
     markdown: Path | None = None
     html: Path | None = None
+    summary: Path | None = None
 
 
 def sweep_facts(sweep: Sweep, per_run: pd.DataFrame) -> list[tuple[str, str]]:
@@ -87,21 +93,27 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     out_dir.mkdir(parents=True, exist_ok=True)
     per_run = run_metrics(sweep, target_loss)
     table = strategy_table(per_run)
-    comparisons = [compare_final(per_run, "final_eval_loss"), compare_final(per_run, "final_eval_tau")]
-    sentences = summary_sentences(table, *comparisons)
-    stats_sentences = [s for c in comparisons for s in comparison_sentences(c)]
+    timing = timing_check(per_run)
+    table["tokens_per_second_cv"] = table["strategy"].map(timing.cv)
+    table["step_slot_rate_spread_max"] = table["strategy"].map(timing.spread)
+    table["step_stall_factor_max"] = table["strategy"].map(timing.stall)
+    table["timing_disturbed"] = table["strategy"].isin(timing.disturbed)
+    comparisons = compare_pairs(per_run, timing=timing)
+    sentences = summary_sentences(table, comparisons, timing)
+    stats_sentences = comparison_sentences(comparisons, timing)
     style = figs.StrategyStyle(sweep.strategies)
     figure_dir = out_dir / "figures"
     paths = {name: figs.save_figure(fig, figure_dir, name)
-             for name, fig in figs.all_figures(per_run, sweep.steps, style).items()}
+             for name, fig in figs.all_figures(per_run, sweep.steps, style, timing.disturbed).items()}
     per_run.to_csv(out_dir / "runs.csv", index=False)
     table.to_csv(out_dir / "strategies.csv", index=False)
     comparisons_frame(comparisons).to_csv(out_dir / "comparisons.csv", index=False)
     sweep.excluded.to_csv(out_dir / "excluded.csv", index=False)
-    report = Report(out_dir, per_run, table, comparisons, sentences + stats_sentences, paths)
+    report = Report(out_dir, per_run, table, comparisons, timing, sentences + stats_sentences, paths)
+    report.summary = write_summary(read_runs_csv(out_dir / "runs.csv"), out_dir / "summary.md")
     facts = sweep_facts(sweep, per_run)
-    formatted = format_table(table)
-    notes = table_notes(per_run, table)
+    formatted = format_table(table, timing)
+    notes = table_notes(per_run, table, timing)
     report.markdown = out_dir / "report.md"
     report.markdown.write_text(render_markdown(title, facts, sentences, stats_sentences, formatted, notes,
                                                comparisons, sweep.excluded, paths))
@@ -111,14 +123,14 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     return report
 
 
-def table_notes(per_run: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck) -> list[str]:
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0]
     notes = [
         "Mean ± sample standard deviation over seeds. All numbers are recomputed from metrics.jsonl.",
         f"real tokens/s = Σ real tokens / Σ step time; × {reference} = ratio to the same seed's {reference} run"
         + ("" if reference == "sorted" else " (no sorted run in this sweep: the fastest strategy is the reference)")
-        + ".",
+        + (": not quoted (—), the timings were disturbed (below)" if timing.flagged else "") + ".",
         "padding % = 1 − Σ real tokens / Σ computed slots; optimizer steps differ between strategies at equal "
         "tokens (one budget per micro-batch); gradient diversity = mean over measured steps (Yin's Δ between a "
         "step's small batches: higher when they pull in different directions).",
@@ -132,48 +144,44 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     if table["grad_diversity"].isna().all():
         notes.append("Gradient diversity was not measured in this sweep (it needs trainer.grad_accum > 1 or "
                      "trainer.nproc > 1).")
+    if timing.flagged:
+        notes.append(timing.note())
     return notes
 
 
-def _pairs_rows(comparisons: list[Comparison]) -> list[list[str]]:
+def _signed(fmt: str, value: float) -> str:
+    return fmt.replace("{:", "{:+").format(value)
+
+
+def _pairs_rows(tests: list[PairTest]) -> list[list[str]]:
     rows = []
-    for comparison in comparisons:
-        for p in comparison.pairs:
-            head = [p.metric.replace("final_eval_", "held-out "), f"{p.strategy} − {p.best}", str(len(p.seeds))]
-            if p.tested:
-                rows.append([*head, f"{p.mean_diff:+.4f} ± {p.sd_diff:.4f}", f"[{p.ci[0]:+.4f}, {p.ci[1]:+.4f}]",
-                             f"[{p.bootstrap_ci[0]:+.4f}, {p.bootstrap_ci[1]:+.4f}]", f"{p.p_value:.3g}",
-                             "yes" if p.significant else "no"])
-            else:
-                rows.append([*head, f"{p.mean_diff:+.4f}" if math.isfinite(p.mean_diff) else "—", "—", "—",
-                             f"not tested (< {MIN_SEEDS} seeds)", "no"])
+    for t in tests:
+        words, fmt, _ = HEADLINE_METRICS[t.metric]
+        head = [words, t.a, t.b, str(len(t.seeds)), _signed(fmt, t.mean_diff) if t.seeds else "—"]
+        if t.tested:
+            rows.append([*head, f"[{_signed(fmt, t.ci[0])}, {_signed(fmt, t.ci[1])}]", format_p(t.p_value),
+                         f"{t.threshold:.4g}", format_p(t.p_holm), "yes" if t.survives else "no"])
+        else:
+            rows.append([*head, "—", f"not tested: {t.note}", "—", "—", "no"])
     return rows
 
 
-PAIR_HEADER = ["metric", "difference", "seeds", "mean ± s.d.", "95% t interval", "95% bootstrap", "p (paired t)",
-               "significant (p < 0.05)"]
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    def cell(value: str) -> str:
-        return str(value).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+PAIR_HEADER = ["metric", "A", "B", "seeds", "mean A − B", "95% t interval", "p (paired t)", "Holm threshold",
+               "Holm-adjusted p", "survives (α = 0.05)"]
+STATS_HEADING = "Statistical comparison (every pair of strategies, paired by seed, Holm–Bonferroni)"
 
 
 def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths) -> str:
     parts = [f"# {title}", "", "## Sweep", ""]
     parts += [f"- **{k}**: {v}" for k, v in facts]
     parts += ["", "## Findings", ""] + [f"- {s}" for s in sentences]
-    parts += ["", "## Per strategy", "", _md_table(list(formatted.columns), formatted.astype(str).values.tolist()), ""]
+    parts += ["", "## Per strategy", "", md_table(list(formatted.columns), formatted.astype(str).values.tolist()), ""]
     parts += [f"- {n}" for n in notes]
-    parts += ["", "## Statistical comparison (final held-out loss and τ, paired by seed)", ""]
+    parts += ["", f"## {STATS_HEADING}", ""]
     parts += [f"- {s}" for s in stats_sentences]
     rows = _pairs_rows(comparisons)
     if rows:
-        parts += ["", _md_table(PAIR_HEADER, rows)]
+        parts += ["", md_table(PAIR_HEADER, rows)]
     parts += ["", "## Figures", ""]
     for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
         png = paths[name][0]
@@ -227,7 +235,7 @@ def render_html(title, facts, sentences, stats_sentences, formatted, notes, comp
     body += ["<h2>Per strategy</h2>",
              _html_table(list(formatted.columns), formatted.astype(str).values.tolist(), style.colours()),
              '<ul class="notes">'] + [f"<li>{esc(n)}</li>" for n in notes] + ["</ul>"]
-    body += ["<h2>Statistical comparison (final held-out loss and τ, paired by seed)</h2>", "<ul>"]
+    body += [f"<h2>{esc(STATS_HEADING)}</h2>", "<ul>"]
     body += [f"<li>{esc(s)}</li>" for s in stats_sentences] + ["</ul>"]
     rows = _pairs_rows(comparisons)
     if rows:

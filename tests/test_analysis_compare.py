@@ -1,4 +1,5 @@
-"""analysis.compare: the table's numbers equal those recomputed from metrics.jsonl; the statistics and sentences."""
+"""analysis.compare and analysis.stats: the table's numbers equal those recomputed from metrics.jsonl; Student's t,
+Holm–Bonferroni over every pair of strategies, the disturbed-timing rule; the sentences."""
 
 import json
 import math
@@ -8,14 +9,19 @@ import pandas as pd
 import pytest
 
 import analysis_support as support
-from analysis.compare import (
-    compare_final,
-    comparison_sentences,
+from analysis.compare import comparison_sentences, format_table, summary_sentences, strategy_table
+from analysis.stats import (
+    STALL_MAX,
+    STEP_SPREAD_MAX,
+    TIMING_CV_MAX,
+    compare_pairs,
+    comparisons_frame,
+    holm,
     paired_test,
-    summary_sentences,
-    strategy_table,
+    step_rate_checks,
     t_quantile,
     t_two_sided_p,
+    timing_check,
 )
 
 
@@ -90,14 +96,55 @@ def test_student_t_matches_the_tables():
     assert (low, high) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)), abs=1e-3)
 
 
-def _synthetic(losses, taus=None, speeds=None):
+def test_paired_t_matches_closed_forms():
+    """Student's t has closed forms for 1, 2 and 4 degrees of freedom: the paired test's p and interval match them."""
+    def p_df1(t):
+        return 1 - 2 / math.pi * math.atan(abs(t))
+
+    def p_df2(t):
+        return 1 - abs(t) / math.sqrt(2 + t * t)
+
+    def p_df4(t):
+        x = t * t / (4 + t * t)
+        return 1 - abs(t) / math.sqrt(4 + t * t) * (1 + (1 - x) / 2)
+
+    for t in (0.3, 1.0, 2.5, 7.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(p_df1(t), abs=1e-10)
+        assert t_two_sided_p(t, 2) == pytest.approx(p_df2(t), abs=1e-10)
+        assert t_two_sided_p(t, 4) == pytest.approx(p_df4(t), abs=1e-10)
+    # diffs 0.1 .. 0.5 (shuffled): mean 0.3, s.d. sqrt(0.025), t = 0.3 / (s.d. / sqrt 5) = 4.2426, df 4
+    diffs = np.array([0.1, 0.3, 0.2, 0.4, 0.5])
+    p, (low, high) = paired_test(diffs)
+    t = 0.3 / (math.sqrt(0.025) / math.sqrt(5))
+    assert p == pytest.approx(p_df4(t), abs=1e-10)  # 0.0132...
+    half = 2.776445 * math.sqrt(0.025) / math.sqrt(5)  # t_0.975,4 = 2.776445 (tables)
+    assert (low, high) == pytest.approx((0.3 - half, 0.3 + half), abs=1e-6)
+    assert paired_test(np.array([0.5, 0.5, 0.5]))[0] == 0.0 and paired_test(np.zeros(3))[0] == 1.0
+
+
+def test_holm_on_a_hand_computed_example():
+    """p = 0.01, 0.04, 0.03, 0.005 at α 0.05: sorted 0.005 ≤ 0.05/4, 0.01 ≤ 0.05/3, then 0.03 > 0.05/2 stops it:
+    0.04 is not rejected although it is below its own threshold 0.05/1."""
+    thresholds, adjusted, reject = holm([0.01, 0.04, 0.03, 0.005], alpha=0.05)
+    assert reject == [True, False, False, True]
+    assert thresholds == pytest.approx([0.05 / 3, 0.05 / 1, 0.05 / 2, 0.05 / 4])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])  # max over ranks of (m − j + 1) p_(j), capped at 1
+    assert holm([0.5, 0.9], alpha=0.05)[1] == pytest.approx([1.0, 1.0])
+    assert holm([], alpha=0.05) == ([], [], [])
+
+
+def _synthetic(losses, taus=None, speeds=None, spreads=None, stalls=None):
     rows = []
     for strategy, values in losses.items():
         for seed, loss in enumerate(values):
+            speed = (speeds or {}).get(strategy, 100.0)
             rows.append({"strategy": strategy, "seed": seed, "final_eval_loss": loss,
                          "final_eval_tau": (taus or {}).get(strategy, [1.0] * len(values))[seed],
-                         "tokens_per_second": (speeds or {}).get(strategy, 100.0), "padding_pct": 10.0,
-                         "grad_diversity": 1.0, "lag1_acf": 0.0, "recurrence": 0.5, "tokens_to_loss": 1000.0})
+                         "tokens_per_second": speed[seed] if isinstance(speed, list) else speed, "padding_pct": 10.0,
+                         "steps": 20, "grad_diversity": 1.0, "lag1_acf": 0.0, "recurrence": 0.5,
+                         "recurrence_kind": "step", "tokens_to_loss": 1000.0,
+                         "step_slot_rate_spread": (spreads or {}).get((strategy, seed), 1.3),
+                         "step_stall_factor": (stalls or {}).get((strategy, seed), 1.01)})
     frame = pd.DataFrame(rows)
     reference = frame[frame["strategy"] == "sorted"].set_index("seed")["tokens_per_second"]
     frame["relative_throughput"] = frame["tokens_per_second"] / frame["seed"].map(reference)
@@ -105,36 +152,116 @@ def _synthetic(losses, taus=None, speeds=None):
     return frame
 
 
-def test_a_clear_difference_is_significant_and_a_tie_is_not():
+def test_a_clear_difference_survives_holm_and_a_tie_does_not():
     rng = np.random.default_rng(0)
     base = 2.0 + rng.normal(0, 0.05, 5)
-    per_run = _synthetic({"packed": base, "shuffle": base + rng.normal(0, 0.01, 5), "sorted": base + 0.2})
-    comparison = compare_final(per_run, "final_eval_loss")
-    assert comparison.enough_seeds
-    pairs = {p.strategy: p for p in comparison.pairs}
-    best = comparison.best
-    assert best in ("packed", "shuffle")
-    assert pairs["sorted"].significant and pairs["sorted"].worse
-    assert pairs["sorted"].mean_diff == pytest.approx(0.2, abs=0.02)
-    assert pairs["sorted"].ci[0] > 0 and pairs["sorted"].bootstrap_ci[0] > 0
-    other = "shuffle" if best == "packed" else "packed"
-    assert not pairs[other].significant
-    text = " ".join(comparison_sentences(comparison))
-    assert "indistinguishable" in text and f"sorted is worse than {best}" in text and "p = " in text
+    per_run = _synthetic({"sorted": base + 0.2 + rng.normal(0, 0.005, 5), "packed": base,
+                          "shuffle": base + rng.normal(0, 0.01, 5)}, speeds={"packed": [100, 101, 99, 100, 100.5]})
+    timing = timing_check(per_run)
+    assert not timing.flagged
+    tests = compare_pairs(per_run, timing=timing)
+    # 3 pairs × 3 metrics the frame has (held-out loss, τ, tokens/s; no τ real), all tested, one family
+    assert len(tests) == 9 and all(t.tested and len(t.seeds) == 5 for t in tests)
+    pairs = {(t.metric, t.a, t.b): t for t in tests}
+    clear = pairs[("final_eval_loss", "sorted", "packed")]  # report order: sorted before packed
+    assert clear.mean_diff == pytest.approx(0.2, abs=0.01) and clear.ci[0] > 0
+    assert clear.survives and clear.p_holm <= 0.05 and clear.p_holm >= clear.p_value
+    tie = pairs[("final_eval_loss", "packed", "shuffle")]
+    assert not tie.survives and tie.p_value > 0.05
+    assert [t for t in tests if t.survives] == [clear, pairs[("final_eval_loss", "sorted", "shuffle")]]
+    m = 9  # Holm's thresholds run over the whole family
+    assert min(t.threshold for t in tests) == pytest.approx(0.05 / m)
+    frame = comparisons_frame(tests)
+    assert len(frame) == 9 and frame["survives"].sum() == 2 and {"p_holm", "holm_threshold"} <= set(frame.columns)
+    table = strategy_table(per_run)
+    lines = summary_sentences(table, tests, timing)
+    assert lines[0].startswith("packed has the highest throughput") and "1.00× sorted" in lines[0]
+    assert (f"held-out loss: packed lower than sorted by {abs(clear.mean_diff):.3f} (95% t interval "
+            f"{clear.ci[0]:.3f}–{clear.ci[1]:.3f}, Holm-adjusted p ") in lines[1]
+    assert "shuffle lower than packed" not in lines[1] and "packed lower than shuffle" not in lines[1]
+    assert "p = <" not in lines[1] and ("Holm-adjusted p < 0.001" in lines[1]) == (clear.p_holm < 0.001)
+    text = " ".join(comparison_sentences(tests, timing))
+    assert "9 two-sided paired t-tests, Holm–Bonferroni over all 9" in text and "2 differences survive" in text
 
 
-def test_fewer_than_three_seeds_ranks_nothing():
+def test_an_uncorrected_p_below_005_does_not_survive_the_family():
+    """One pair at p ≈ 0.03 among 20 tests: significant alone, not after Holm (0.03 > 0.05/20)."""
+    diffs = np.array([0.02, 0.05, 0.035, 0.01])
+    p, _ = paired_test(diffs)
+    assert 0.01 < p < 0.05
+    losses = {"sorted": [2.0, 2.1, 2.2, 2.3], "shuffle": list(np.array([2.0, 2.1, 2.2, 2.3]) + diffs)}
+    for name in ("length_grouped", "bucketed", "packed"):
+        losses[name] = [2.0, 2.1, 2.2, 2.3]
+    tests = compare_pairs(_synthetic(losses), metrics=["final_eval_loss", "final_eval_tau"])
+    assert len(tests) == 20
+    pair = next(t for t in tests if t.metric == "final_eval_loss" and t.b == "shuffle" and t.a == "sorted")
+    assert pair.p_value == pytest.approx(p) and not pair.survives and not any(t.survives for t in tests)
+
+
+def test_fewer_than_three_seeds_tests_nothing():
     per_run = _synthetic({"packed": [2.0, 2.01], "sorted": [2.5, 2.6]}, speeds={"packed": 150.0})
-    loss = compare_final(per_run, "final_eval_loss")
-    tau = compare_final(per_run, "final_eval_tau")
-    assert not loss.enough_seeds and not any(p.tested for p in loss.pairs)
-    sentence = comparison_sentences(loss)[0]
-    assert "no ranking" in sentence and "significant" in sentence and "2 paired seeds" in sentence
+    timing = timing_check(per_run)
+    tests = compare_pairs(per_run, timing=timing)
+    assert tests and not any(t.tested or t.survives for t in tests)
+    assert all(t.note == "2 paired seeds (fewer than 3)" for t in tests)
     table = strategy_table(per_run)
     table.attrs["reference"] = "sorted"
-    lines = summary_sentences(table, loss, tau)
+    lines = summary_sentences(table, tests, timing)
     assert lines[0].startswith("packed has the highest throughput") and "1.50× sorted" in lines[0]
-    assert "too few seeds" in lines[1]
+    assert "2 paired seeds (fewer than 3) nothing is tested" in lines[1] and "no ranking is significant" in lines[1]
+    stats = comparison_sentences(tests, timing)
+    assert stats[0].startswith("Nothing is tested") and "Not tested: 3 pairs" in stats[1]
+
+
+def test_disturbed_timings_quote_no_ratio_and_skip_the_throughput_tests():
+    losses = {s: [2.0, 2.1, 2.2] for s in ("sorted", "bucketed", "packed")}
+    quiet = _synthetic(losses, speeds={"sorted": [100.0, 104.0, 97.0], "packed": [130.0, 128.0, 133.0]})
+    assert not timing_check(quiet).flagged
+    assert "× sorted" in summary_sentences(strategy_table(quiet), compare_pairs(quiet), timing_check(quiet))[0]
+    # across seeds: sorted 11,828 ± 13,686 tok/s (the loaded fresh-clone demo), CV 1.16 > TIMING_CV_MAX
+    noisy = _synthetic(losses, speeds={"sorted": [2500.0, 5400.0, 27600.0], "packed": [130.0, 128.0, 133.0]})
+    timing = timing_check(noisy)
+    assert timing.disturbed == ["sorted"] and timing.cv["sorted"] > TIMING_CV_MAX
+    # within a run: one packed run whose steps' rate varied more than STEP_SPREAD_MAX
+    unsteady = _synthetic(losses, speeds={"sorted": [100.0, 104.0, 97.0]}, spreads={("packed", 1): 3.0})
+    assert timing_check(unsteady).disturbed == ["packed"] and "seed 1" in timing_check(unsteady).reasons["packed"][0]
+    # within a run: a few long stalls (the percentiles stay steady, the run's total time does not)
+    stalled = _synthetic(losses, speeds={"sorted": [100.0, 104.0, 97.0]}, stalls={("bucketed", 2): 1.6})
+    assert timing_check(stalled).reasons["bucketed"] == ["stall factor up to 1.60 in seed 2"]
+    for frame in (noisy, unsteady, stalled):
+        timing = timing_check(frame)
+        table = strategy_table(frame)
+        table.attrs["reference"] = "sorted"
+        formatted = format_table(table, timing)
+        assert (formatted["× sorted"] == "—").all()
+        flagged = formatted.set_index("strategy")["real tokens/s"]
+        assert all(flagged[s].endswith("(disturbed)") == (s in timing.disturbed) for s in flagged.index)
+        tests = compare_pairs(frame, timing=timing)
+        speed = [t for t in tests if t.metric == "tokens_per_second"]
+        assert all((not t.tested and t.note == "timings disturbed") == bool({t.a, t.b} & set(timing.disturbed))
+                   for t in speed)
+        assert any(t.tested for t in speed)  # bucketed against the steady one is still tested
+        lines = summary_sentences(table, tests, timing)
+        assert "×" not in lines[0] and "no throughput ratio is quoted" in lines[0]
+        assert "benchmarks/train_throughput.py" in timing.note()
+
+
+def test_step_rate_checks_measure_how_steady_the_machine_was():
+    def checks(real, slots, times):
+        found = step_rate_checks(real, slots, times)
+        return found["step_slot_rate_spread"], found["step_stall_factor"]
+
+    assert checks([100] * 20, [120] * 20, [0.1] * 20) == pytest.approx((1.0, 1.0))
+    # 9 of 20 steps four times slower: spread 4; the run took (11 · 0.1 + 9 · 0.4) / (20 · 0.1) = 2.35× the time
+    # of its median rate
+    assert checks([100] * 20, [100] * 20, [0.1] * 11 + [0.4] * 9) == pytest.approx((4.0, 2.35))
+    # one step stalled 10×: the percentiles do not see it, the stall factor does ((19 · 0.1 + 1) / (20 · 0.1))
+    spread, stall = checks([100] * 20, [100] * 20, [0.1] * 19 + [1.0])
+    assert spread == pytest.approx(1.0) and stall == pytest.approx(1.45) and stall > STALL_MAX
+    # the padding of a step is not a disturbance: same slots per second, real tokens varying
+    assert checks([50, 100] * 10, [100] * 20, [0.1] * 20) == pytest.approx((1.0, 1.0))
+    assert all(math.isnan(v) for v in checks([100] * 5, [100] * 5, [0.1] * 5))  # too few steps to say
+    assert (TIMING_CV_MAX, STEP_SPREAD_MAX, STALL_MAX) == (0.20, 2.0, 1.25)
 
 
 def test_disaggregated_runs_show_which_stage_bounds_them(report, tmp_path):

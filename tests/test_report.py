@@ -1,4 +1,5 @@
-"""batchlab-report: every figure, report.md, a self-contained report.html; one-line errors; the W&B workspace."""
+"""batchlab-report: every figure, report.md, a self-contained report.html, the markdown summary (re-rendered from a
+stored runs.csv); one-line errors; the W&B workspace."""
 
 import base64
 import re
@@ -8,11 +9,15 @@ import sys
 
 import matplotlib.image as mpimg
 import numpy as np
+import pandas as pd
 import pytest
 
 import analysis_support as support
 from analysis.cli import main
 from analysis.figures import FIGURES
+from analysis.summary import read_runs_csv, summary_markdown
+
+DATA = support.REPO / "tests" / "data"
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +53,10 @@ def test_markdown_report_has_the_table_sentences_and_figures(report):
     for strategy in support.STRATEGIES:
         assert f"| {strategy} | 3 |" in text
     assert "has the highest throughput" in text and "significant" in text
+    # every pair, every headline metric, one Holm–Bonferroni family; no "against the best" test
+    assert "## Statistical comparison (every pair of strategies, paired by seed, Holm–Bonferroni)" in text
+    assert "| metric | A | B | seeds | mean A − B | 95% t interval | p (paired t) | Holm threshold |" in text
+    assert "95% bootstrap" not in text and "against" not in text.split("## Statistical comparison")[1].split("##")[0]
     assert text.count("](figures/") == 2 * 7  # PNG image and SVG link per figure
     assert "## Runs left out" in text and "None: every run found is complete." in text
     assert "3 (0, 1, 2)" in text  # the seeds, stated
@@ -60,6 +69,56 @@ def test_html_report_is_self_contained(report):
     assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
     assert not re.search(r'(src|href)="(?!data:)', html)  # nothing to fetch
     assert "<table>" in html and "packed" in html
+
+
+def test_comparisons_csv_holds_every_pair_of_every_headline_metric(report):
+    frame = pd.read_csv(report / "comparisons.csv")
+    pairs = len(support.STRATEGIES) * (len(support.STRATEGIES) - 1) // 2
+    assert len(frame) == 4 * pairs  # held-out loss, τ, τ real, real tokens/s
+    assert set(frame["metric"]) == {"final_eval_loss", "final_eval_tau", "final_eval_tau_real", "tokens_per_second"}
+    tested = frame[frame["tested"]]
+    assert (tested["seeds"] == len(support.SEEDS)).all() and (tested["p_holm"] >= tested["p_value"] - 1e-12).all()
+    assert (tested["survives"] == (tested["p_holm"] <= 0.05)).all()
+    # real tokens/s pairs are tested unless a strategy's timing was disturbed (the shared machine's load decides)
+    strategies = pd.read_csv(report / "strategies.csv")
+    disturbed = set(strategies.loc[strategies["timing_disturbed"], "strategy"])
+    speed = frame[frame["metric"] == "tokens_per_second"]
+    involved = speed["strategy_a"].isin(disturbed) | speed["strategy_b"].isin(disturbed)
+    assert (speed["tested"] == ~involved).all()
+    assert (speed.loc[involved, "not_tested_because"] == "timings disturbed").all()
+
+
+def test_the_report_writes_the_markdown_summary_from_its_runs_csv(report):
+    text = (report / "summary.md").read_text()
+    assert text == summary_markdown(read_runs_csv(report / "runs.csv"))
+    header = ("| strategy | real tokens/s | × sorted | padding | optimizer steps | step recurrence | held-out loss | "
+              "τ teacher-forced | τ real |")
+    assert text.startswith(header + "\n")
+    assert "Holm–Bonferroni" in text
+
+
+def test_markdown_summary_re_renders_from_a_stored_runs_csv(tmp_path, capsys):
+    """tests/data: the runs.csv of a tiny sweep's report and the summary it gave; the same file gives the same
+    bytes (regenerate both with ``batchlab-report SWEEP --out DIR`` and ``--from-runs-csv``, after reading them)."""
+    expected = (DATA / "tiny_sweep_summary.md").read_text()
+    assert summary_markdown(read_runs_csv(DATA / "tiny_sweep_runs.csv")) == expected
+    out = tmp_path / "summary.md"
+    assert main(["--from-runs-csv", str(DATA / "tiny_sweep_runs.csv"), "--markdown-summary", str(out)]) == 0
+    assert out.read_text() == expected
+    capsys.readouterr()
+    assert main(["--from-runs-csv", str(DATA / "tiny_sweep_runs.csv")]) == 0
+    assert capsys.readouterr().out == expected
+    # the same runs on a disturbed machine: sorted's seed 2 three times slower → no ratio, the note, no tok/s test
+    runs = read_runs_csv(DATA / "tiny_sweep_runs.csv")
+    slow = (runs["strategy"] == "sorted") & (runs["seed"] == 2)
+    runs.loc[slow, "tokens_per_second"] /= 3
+    disturbed = summary_markdown(runs)
+    rows = [line.split(" | ") for line in disturbed.splitlines() if line.startswith("| ") and "strategy" not in line]
+    assert len(rows) == len(support.STRATEGIES) and all(row[2] == "—" for row in rows)
+    assert rows[0][1].endswith("(disturbed)") and not rows[1][1].endswith("(disturbed)")
+    assert "The timings of this sweep were disturbed (sorted: CV over seeds" in disturbed
+    assert "benchmarks/train_throughput.py" in disturbed and "36 paired t-tests" in disturbed
+    assert "Not tested: 4 real tokens/s pairs with a strategy whose timings were disturbed" in disturbed
 
 
 def test_runs_left_out_are_listed_in_the_report(sweep_dir, tmp_path, capsys):
@@ -83,6 +142,10 @@ def test_clear_errors_exit_2(sweep_dir, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty")]) == 2
     assert str(tmp_path / "empty") in _one_line_error(capsys)
+    assert main([]) == 2
+    assert "no SWEEP_DIR given" in _one_line_error(capsys)
+    assert main(["--from-runs-csv", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv" in _one_line_error(capsys)
     other = support.copy_sweep(sweep_dir, tmp_path / "other", runs={support.run_dir(sweep_dir, "packed", 0).name})
     support.edit_json(support.run_dir(other, "packed", 0) / "summary.json", stop_tokens=99, seed=7)
     first = support.copy_sweep(sweep_dir, tmp_path / "first", runs={support.run_dir(sweep_dir, "sorted", 0).name})

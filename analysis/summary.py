@@ -1,0 +1,95 @@
+"""The short markdown block the README pastes: the per-strategy table and the differences that survive.
+
+:func:`summary_markdown` renders it from the per-run table alone (the report's ``runs.csv``, read back by
+:func:`read_runs_csv`), so that it can be re-rendered from a stored file and compared
+(``batchlab-report --from-runs-csv runs.csv --markdown-summary out.md``). It holds:
+
+- the table of :data:`SUMMARY_COLUMNS` (mean ± sample s.d. over seeds; ``—`` in the ratio column when the
+  sweep's timings were disturbed, see :func:`analysis.stats.timing_check`);
+- the differences that survive Holm–Bonferroni over every pair of strategies and headline metric
+  (:func:`analysis.stats.compare_pairs`), one line each, or a line saying that none does and why;
+- the disturbed-timing note, when it applies.
+
+Deterministic: the same ``runs.csv`` gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.compare import format_table, relative_throughput, strategy_table
+from analysis.stats import ALPHA, MIN_SEEDS, compare_pairs, surviving_sentence, timing_check, untested_sentences
+
+#: column → (heading, format): the README's result table
+SUMMARY_COLUMNS = {
+    "tokens_per_second": ("real tokens/s", "{:,.0f}"),
+    "relative_throughput": ("× sorted", "{:.2f}"),
+    "padding_pct": ("padding", "{:.1f}%"),
+    "steps": ("optimizer steps", "{:.0f}"),
+    "recurrence": ("step recurrence", "{:.2f}"),
+    "final_eval_loss": ("held-out loss", "{:.3f}"),
+    "final_eval_tau": ("τ teacher-forced", "{:.3f}"),
+    "final_eval_tau_real": ("τ real", "{:.3f}"),
+}
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(value: str) -> str:
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def read_runs_csv(path: str | Path) -> pd.DataFrame:
+    """A report's ``runs.csv``, floats read back exactly as written."""
+    return pd.read_csv(path, float_precision="round_trip")
+
+
+def summary_markdown(runs: pd.DataFrame) -> str:
+    """The block of the module docstring, from the per-run frame (the columns of ``runs.csv``)."""
+    per_run = runs.copy()
+    per_run["relative_throughput"], reference = relative_throughput(per_run)
+    per_run.attrs["reference"] = reference
+    table = strategy_table(per_run)
+    timing = timing_check(per_run)
+    tests = compare_pairs(per_run, timing=timing)
+    columns = dict(SUMMARY_COLUMNS)
+    columns["relative_throughput"] = (f"× {reference}", SUMMARY_COLUMNS["relative_throughput"][1])
+    if "recurrence_kind" in per_run.columns and (per_run["recurrence_kind"] != "step").any():
+        columns["recurrence"] = ("recurrence (micro-batch)", SUMMARY_COLUMNS["recurrence"][1])
+    formatted = format_table(table, timing, columns).drop(columns="seeds")
+    seeds = sorted(int(s) for s in per_run["seed"].unique())
+    counts = sorted(set(table["seeds"]))
+    over = f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} seeds"
+    lines = [md_table(list(formatted.columns), formatted.astype(str).values.tolist()), "",
+             f"(mean ± s.d. over {over}, seeds {', '.join(map(str, seeds))}; × {reference} = ratio to the same "
+             f"seed's {reference} run; τ real = tokens per target forward in greedy speculative decoding of held-out "
+             "prompts.)", ""]
+    tested = [t for t in tests if t.tested]
+    survivors = [t for t in tested if t.survives]
+    if survivors:
+        lines.append(f"Differences that survive Holm–Bonferroni ({len(tested)} paired t-tests: every pair of "
+                     f"strategies on every headline metric, paired by seed, α = {ALPHA}):")
+        lines += [""] + [f"- {surviving_sentence(t)}" for t in survivors]
+    elif tested:
+        lines.append(f"No difference survives Holm–Bonferroni ({len(tested)} paired t-tests: every pair of "
+                     f"strategies on every headline metric, paired by seed, α = {ALPHA}): no ranking is significant.")
+    else:
+        lines.append(f"Nothing is tested (fewer than {MIN_SEEDS} paired seeds): no ranking is significant.")
+    untested = untested_sentences(tests)
+    if untested:
+        lines += [""] + untested
+    if timing.flagged:
+        lines += ["", timing.note()]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(runs: pd.DataFrame, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(summary_markdown(runs))
+    return path

@@ -1,4 +1,4 @@
-"""The report's seven figures (matplotlib; PNG and SVG), one colour, marker and line style per strategy.
+"""The report's eight figures (matplotlib; PNG and SVG), one colour, marker and line style per strategy.
 
 Colours are the Okabe–Ito palette (colour-blind safe); every strategy also has its own marker and
 line style so that the figures stay readable printed in grey. The i-th strategy of the registry's
@@ -19,6 +19,8 @@ with hatching, so that colour always means a strategy.
 5. :func:`streaks` — step mean length over the first steps of an epoch, one panel per strategy.
 6. :func:`grad_stats` — gradient diversity and noise scale over training (measured steps).
 7. :func:`train_loss` — training loss against tokens, every step as a point, with a running mean.
+8. :func:`heldout_by_length` — held-out loss and τ of each length tercile of the held-out set against
+   tokens seen (forgetting of one length range shows as its curve rising while the others fall).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ FIGURES = {
     "streaks": "Step mean length over the first steps of an epoch",
     "grad_stats": "Gradient diversity and noise scale over training",
     "train_loss": "Training loss against tokens, every step, with a running mean",
+    "heldout_by_length": "Held-out loss and τ per length tercile of the held-out set against tokens seen",
 }
 
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "axes.grid": True,
@@ -390,8 +393,8 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
         measured = steps
         if "grad_stats_measured" in steps.columns:
             measured = steps[steps["grad_stats_measured"].fillna(False).astype(bool)]
-        for ax, (column, label) in zip(axes, (("grad_diversity", "gradient diversity"),
-                                             ("grad_noise_scale", "gradient noise scale (tokens-weighted B_simple)"))):
+        for ax, (column, label) in zip(axes, (("grad_diversity", "gradient diversity Δ of the step's samples"),
+                                             ("grad_noise_scale", "gradient noise scale B_simple (loss weight)"))):
             drawn = False
             for strategy in style.strategies:
                 curves = []
@@ -417,8 +420,8 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
                 ax.set_yscale("log")  # the estimate spans decades; non-positive estimates (pure noise) are left out
             if not drawn:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
-        axes[0].set_title("Gradient diversity (thin: seeds; thick: mean; band: seed range)")
-        axes[1].set_title("Gradient noise scale (positive estimates)")
+        axes[0].set_title("Gradient diversity, (1 + B_simple) / (W + B_simple)\n(thin: seeds; thick: mean; band: seed range)")
+        axes[1].set_title("Gradient noise scale (ratio of EMAs of unbiased estimates)")
         _legend(fig, style, axes)
     return fig
 
@@ -462,9 +465,52 @@ def train_loss(steps: pd.DataFrame, style: StrategyStyle, window: int = 7) -> Fi
     return fig
 
 
+def _by_length(evals: pd.DataFrame, column: str, index: int) -> pd.Series:
+    """Tercile ``index`` of a per-length-tercile list column (``metrics.jsonl``: a list; W&B: ``column/index``)."""
+    if f"{column}/{index}" in evals.columns:
+        return pd.to_numeric(evals[f"{column}/{index}"], errors="coerce")
+    if column not in evals.columns:
+        return pd.Series(np.nan, index=evals.index)
+    return evals[column].map(lambda v: float(v[index]) if isinstance(v, (list, tuple)) and len(v) > index
+                             and v[index] is not None else np.nan)
+
+
+def heldout_by_length(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
+    evals = eval_points(steps)
+    groups = ("short", "mid", "long")
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(2, 3, figsize=(13, 7.2), sharex=True, sharey="row")
+        drawn = False
+        for row, (column, label) in enumerate((("eval_loss_by_length", "held-out loss"),
+                                                ("eval_tau_by_length", "held-out τ"))):
+            for col, group_name in enumerate(groups):
+                ax = axes[row, col]
+                values = evals.assign(y=_by_length(evals, column, col))
+                for strategy in style.strategies:
+                    group = values[(values["strategy"] == strategy) & np.isfinite(values["y"])]
+                    if group.empty:
+                        continue
+                    agg = group.groupby("eval_index").agg(x=("tokens_seen", "mean"), y=("y", "mean"), sd=("y", "std"),
+                                                         n=("y", "count"))
+                    agg = agg[agg["n"] == agg["n"].max()]
+                    sd = agg["sd"].fillna(0.0)
+                    ax.plot(agg["x"], agg["y"], color=style.colour(strategy), marker=style.marker(strategy),
+                            linestyle=style.line(strategy), markersize=4)
+                    ax.fill_between(agg["x"], agg["y"] - sd, agg["y"] + sd, color=style.colour(strategy), alpha=0.12,
+                                    linewidth=0)
+                    drawn = True
+                if row == 0:
+                    ax.set_title(f"{group_name} third of the held-out set (by length)")
+                ax.set(xlabel="tokens seen" if row == 1 else "", ylabel=label if col == 0 else "")
+        if not drawn:
+            _note(axes[0, 0], "no per-length evaluation was logged\n(runs older than eval_loss_by_length)")
+        _legend(fig, style, axes)
+    return fig
+
+
 def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle,
                 disturbed: Sequence[str] = ()) -> dict[str, Figure]:
-    """The seven figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones."""
+    """The eight figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones."""
     return {
         "frontier": frontier(per_run, style, disturbed),
         "heldout": heldout(steps, style),
@@ -473,4 +519,5 @@ def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle
         "streaks": streaks(steps, style),
         "grad_stats": grad_stats(steps, style),
         "train_loss": train_loss(steps, style),
+        "heldout_by_length": heldout_by_length(steps, style),
     }

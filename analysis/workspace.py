@@ -73,6 +73,12 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
         "train_loss": [
             {"kind": "line", "title": "training loss (per step and smoothed)", "x": x, "y": ["loss"], "smooth": True},
         ],
+        "heldout_by_length": [
+            {"kind": "line", "title": "held-out loss per length tercile (0 short, 1 mid, 2 long)", "x": x,
+             "y": [f"eval_loss_by_length/{k}" for k in range(3)]},
+            {"kind": "line", "title": "held-out τ per length tercile (0 short, 1 mid, 2 long)", "x": x,
+             "y": [f"eval_tau_by_length/{k}" for k in range(3)]},
+        ],
     }
 
 

@@ -71,7 +71,7 @@ def _text(book):
 
 def test_tradeoffs_reproduces_the_report_on_the_sweep(sweep_dir, tmp_path):
     book = _execute("tradeoffs.ipynb", tmp_path, {"BATCHLAB_SWEEP": str(sweep_dir)})
-    assert len(_outputs(book, "image/png")) == 7  # the report's seven figures
+    assert len(_outputs(book, "image/png")) == 8  # the report's eight figures
     text = _text(book)
     assert f"{len(support.STRATEGIES) * len(support.SEEDS)} complete runs" in text and "has the highest throughput" in text
     assert "broken down by" in text

@@ -36,7 +36,7 @@ def _not_blank(png_path) -> bool:
 
 
 def test_every_figure_exists_in_png_and_svg_and_is_not_blank(report):
-    assert len(FIGURES) == 7
+    assert len(FIGURES) == 8
     for name in FIGURES:
         png, svg = report / "figures" / f"{name}.png", report / "figures" / f"{name}.svg"
         assert png.stat().st_size > 10_000, name
@@ -57,7 +57,7 @@ def test_markdown_report_has_the_table_sentences_and_figures(report):
     assert "## Statistical comparison (every pair of strategies, paired by seed, Holm–Bonferroni)" in text
     assert "| metric | A | B | seeds | mean A − B | 95% t interval | p (paired t) | Holm threshold |" in text
     assert "95% bootstrap" not in text and "against" not in text.split("## Statistical comparison")[1].split("##")[0]
-    assert text.count("](figures/") == 2 * 7  # PNG image and SVG link per figure
+    assert text.count("](figures/") == 2 * len(FIGURES)  # PNG image and SVG link per figure
     assert "## Runs left out" in text and "None: every run found is complete." in text
     assert "3 (0, 1, 2)" in text  # the seeds, stated
 
@@ -65,7 +65,7 @@ def test_markdown_report_has_the_table_sentences_and_figures(report):
 def test_html_report_is_self_contained(report):
     html = (report / "report.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 7
+    assert len(images) == len(FIGURES)
     assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
     assert not re.search(r'(src|href)="(?!data:)', html)  # nothing to fetch
     assert "<table>" in html and "packed" in html

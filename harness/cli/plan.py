@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-samples", type=int, default=None, help="cap on samples per micro-batch")
     parser.add_argument("--world-size", type=int, default=1, help="data-parallel ranks (default 1)")
     parser.add_argument("--grad-accum", type=int, default=1, help="accumulation micro-batches per step (default 1)")
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        default=None,
+        help="equal-token steps: every optimizer step carries about this many real tokens, its micro-batches "
+        "varying as needed (needs --grad-accum 1)",
+    )
     parser.add_argument("--strategies", default=None, help="comma-separated strategy names (default: all)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs to plan; >= 2 measures recurrence (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of every plan (default 0)")
@@ -180,6 +187,7 @@ def compare_strategies(
         grad_accum=args.grad_accum,
         oversize=args.oversize,
         balance=balance,
+        step_tokens=args.step_tokens,
     )
     strategy_options = strategy_options_from_args(args, names)
 
@@ -278,10 +286,13 @@ TABLE_COLUMNS = (
     ("efficiency", "padding_efficiency", "{:.1%}"),
     ("micro-batches", "micro_batches", "{:,}"),
     ("steps", "steps", "{:,}"),
+    ("tok/step cv", "step_tokens_cv", "{:.3f}"),
+    ("mb/step", "micro_batches_per_step_mean", "{:.2f}"),
     ("lag-1 ACF", "lag1_acf", "{:+.3f}"),
     ("recurrence", "recurrence", "{:.3f}"),
     ("step rec.", "step_recurrence", "{:.3f}"),
     ("mix excess", "length_mix_excess", "{:+.3f}"),
+    ("streak", "longest_bucket_streak", "{}"),
     ("rank imb.", "rank_imbalance", "{:.3f}"),
     ("drafter imb.", "drafter_imbalance", "{:.3f}"),
     ("rel. cost", "relative_step_cost", "{:.3f}"),

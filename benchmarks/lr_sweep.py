@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--lrs", default="2.5e-3,5e-3,1e-2,2e-2", help="comma-separated learning rates")
     parser.add_argument("--strategies", default=None, help="comma-separated (default: every registered strategy)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs-dir", default=None,
+                        help="keep the runs here (a complete run found there is reused, so a grid can be extended); "
+                             "default: a temporary directory")
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 
@@ -45,12 +48,13 @@ def main() -> None:
 
     from strategies import report_order
 
-    lrs = [float(v) for v in args.lrs.split(",")]
+    lrs = sorted(float(v) for v in args.lrs.split(","))
     strategies = args.strategies.split(",") if args.strategies else report_order()
     results: dict[tuple[float, str], dict] = {}
     started = time.time()
-    with tempfile.TemporaryDirectory() as scratch:
-        for lr in lrs:
+    with tempfile.TemporaryDirectory() as temporary:
+        scratch = args.runs_dir or temporary
+        for lr in sorted(lrs, reverse=True):  # the largest first: a grid that must grow usually grows upwards
             for strategy in strategies:
                 overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={args.seed}", f"optim.lr={lr}",
                              "logger=none", "trainer.progress=false"]

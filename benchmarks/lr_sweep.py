@@ -51,6 +51,7 @@ def main() -> None:
     lrs = sorted(float(v) for v in args.lrs.split(","))
     strategies = args.strategies.split(",") if args.strategies else report_order()
     results: dict[tuple[float, str], dict] = {}
+    reused = 0
     started = time.time()
     with tempfile.TemporaryDirectory() as temporary:
         scratch = args.runs_dir or temporary
@@ -58,7 +59,9 @@ def main() -> None:
             for strategy in strategies:
                 overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={args.seed}", f"optim.lr={lr}",
                              "logger=none", "trainer.progress=false"]
-                summary = run(compose(overrides), Path(scratch) / f"{strategy}-{lr}")
+                run_dir = Path(scratch) / f"{strategy}-{lr}"
+                reused += (run_dir / "summary.json").exists()
+                summary = run(compose(overrides), run_dir)
                 results[lr, strategy] = summary
                 print(f"lr {lr:g} {strategy}: held-out loss {summary['eval_loss']:.3f}, τ real "
                       f"{summary['eval_tau_real']:.2f}, clipped {summary['clip_fraction']:.0%}", flush=True)
@@ -75,21 +78,25 @@ def main() -> None:
         cells = [" / ".join(fmt.format(results[lr, s][key]) for key, _, fmt in METRICS) for s in strategies]
         mark = " (chosen)" if lr == chosen else ""
         lines.append(f"| {lr:g}{mark} | {mean_loss[lr]:.3f} | {' < '.join(ranking)} | " + " | ".join(cells) + " |")
-    rankings = {tuple(sorted(strategies, key=lambda s: results[lr, s]["eval_loss"])) for lr in lrs}
+    flips = [f"{a} and {b}" for i, a in enumerate(strategies) for b in strategies[i + 1:]
+             if len({results[lr, a]["eval_loss"] < results[lr, b]["eval_loss"] for lr in lrs}) > 1]
+    ranking_sentence = ("is the same at every learning rate." if not flips else
+                        f"changes with the learning rate for {', '.join(flips)} (their order flips within the grid); "
+                        "every other pair keeps its order at every learning rate.")
     trainer, optim = config["trainer"], config["optim"]
     section = (
         f"{TITLE}\n\n"
         f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, seed={args.seed}). Machine: "
         f"{cpu_model()}, {__import__('os').cpu_count()} cores, shared. Date: {datetime.date.today().isoformat()}. "
-        f"Took {elapsed / 60:.1f} min.\n\n"
+        f"Took {elapsed / 60:.1f} min"
+        + (f" ({reused} of {len(results)} runs reused from --runs-dir, each {sum(r['wall_time_s'] for r in results.values()) / len(results):.0f} s of training wall time)" if reused else "")
+        + ".\n\n"
         f"Each cell is one run of the main job's settings (`experiment=strategies`: regenerated completions, "
         f"step_tokens={trainer['step_tokens']}, {trainer['stop_tokens']:,} tokens, warmup "
         f"{optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate: held-out loss / "
         f"τ / τ real / share of clipped steps. The learning rate with the lowest mean held-out loss over the "
         f"strategies is chosen for all of them: **{chosen:g}**. The ranking of the strategies "
-        + ("is the same at every learning rate." if len(rankings) == 1 else
-           "changes with the learning rate (see the ranking column): a conclusion that rests on it is fragile.")
-        + "\n\n" + "\n".join(lines) + "\n"
+        + ranking_sentence + "\n\n" + "\n".join(lines) + "\n"
     )
     print(section)
     if args.write:

@@ -63,7 +63,7 @@ plan-demo: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write

@@ -11,10 +11,10 @@ reuse it).
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from process_support import run_process
 from strategies import report_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,11 +63,19 @@ def _once(name: str, root: Path, build) -> Path:
         shared = workers[0] / "shared"
         shared.mkdir(parents=True, exist_ok=True)
         directory = shared / name
+        failed = shared / f"{name}.failed"
         with FileLock(str(shared / f"{name}.lock")):
+            if failed.exists():  # one failed build is reported by every test that needs it, not repeated
+                raise RuntimeError(f"building the shared {name!r} failed earlier in this session:\n"
+                                   + failed.read_text())
             if not (shared / f"{name}.done").exists():
                 if directory.exists():
                     shutil.rmtree(directory)  # a worker died while building it
-                build(directory)
+                try:
+                    build(directory)
+                except BaseException as error:
+                    failed.write_text(f"{type(error).__name__}: {error}"[-6000:])
+                    raise
                 (shared / f"{name}.done").touch()
     _built[name] = directory
     return directory
@@ -84,8 +92,8 @@ def _train(args, root: Path, timeout: int = 600) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     env.pop("WANDB_MODE", None)
     env.setdefault("BATCHLAB_CACHE", str(root / "cache"))
-    result = subprocess.run([sys.executable, "-m", "harness.cli.train", "--config-dir", str(_config_dir(root)), *args],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    result = run_process([sys.executable, "-m", "harness.cli.train", "--config-dir", str(_config_dir(root)), *args],
+                         cwd=REPO, env=env, timeout=timeout)
     if result.returncode != 0:
         raise RuntimeError(f"batchlab-train {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
 

@@ -148,7 +148,8 @@ def test_samples_in_forked_workers(tmp_path: Path):
     samples = load_samples(_cfg(path, tmp_path), progress=False)
     samples.sample(0)  # the parent has touched the Arrow table before forking
     with multiprocessing.get_context("fork").Pool(2) as pool:
-        results = pool.starmap(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])])
+        # a bound on the wait: a worker deadlocked by the fork fails the test instead of hanging the suite
+        results = pool.starmap_async(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])]).get(timeout=60)
     assert results == [IDS[:2], [IDS[3], IDS[2]]]
     ids, mask = samples.sample(2)
     assert ids.flags.writeable and mask.flags.writeable

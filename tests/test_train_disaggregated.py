@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from process_support import stop_group
 from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
 from harness.train.config import run_config_from_dict
@@ -214,8 +215,10 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
             time.sleep(0.05)
         assert process.poll() is None, "the run ended before it could be stopped: " + log.read_text()[-3000:]
         os.killpg(process.pid, signal.SIGTERM)
-    finally:
         process.wait(timeout=60)
+    finally:
+        if process.poll() is None:  # the test failed or the run did not stop: it must not outlive the test
+            stop_group(process)
     assert (stopped / "summary.json").exists(), log.read_text()[-4000:]
     summary = json.loads((stopped / "summary.json").read_text())
     assert summary["status"] == "interrupted", log.read_text()[-4000:]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_support import run_process
 from train_support import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
 from harness.train.checkpoint import component_state, latest_checkpoint, load_checkpoint
@@ -169,7 +170,7 @@ def test_status_records_the_last_stage_of_each_rank(tmp_path):
 def test_status_survives_sigkill_of_its_writer(tmp_path):
     code = ("import os, signal, sys; from harness.train.status import RankStatus; "
             "s = RankStatus(sys.argv[1], 1); s.stage('drafter_backward', 12); os.kill(os.getpid(), signal.SIGKILL)")
-    process = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=dict(os.environ), check=False)
+    process = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=dict(os.environ), timeout=60, check=False)
     assert process.returncode == -signal.SIGKILL
     status = read_statuses(tmp_path)[1]
     assert status["stage"] == "drafter_backward" and status["step"] == 12
@@ -191,7 +192,7 @@ def test_status_cli_prints_every_rank(tmp_path):
     with RankStatus(tmp_path, 1) as status:
         status.stage("checkpoint", 40)
     out = subprocess.run([sys.executable, "-m", "harness.train.status", str(tmp_path)], capture_output=True,
-                         text=True, check=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))).stdout
+                         text=True, check=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))).stdout
     assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40, [\d.]+ s ago", out), out
 
 
@@ -212,10 +213,10 @@ def test_under_an_external_torchrun_the_root_cause_carries_stage_and_step(tmp_pa
     run_dir = tmp_path / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{TEST_FAIL_ENV: "1:3:target_forward:raise"})
-    result = subprocess.run(
+    result = run_process(
         [str(torchrun), "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m",
          "harness.cli.train", *ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
+        cwd=tmp_path, env=env, timeout=240)
     assert result.returncode == 1, result.stderr[-4000:]
     root_cause = result.stderr.split("Root Cause (first observed failure):")[1]
     assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root_cause), root_cause

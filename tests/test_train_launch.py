@@ -7,6 +7,7 @@ import re
 
 import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - a declared dependency: a broken install fails here
 import pytest
+from process_support import stop_group
 from train_support import assert_same_records, assert_same_summary, train_cli
 
 from harness.train.faults import TEST_FAIL_ENV
@@ -120,7 +121,7 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
             "trainer.eval_real_prompts=0", "logger=none", "trainer.progress=false", f"hydra.sweep.dir={sweep}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *args], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 240
         while time.time() < deadline:
@@ -137,8 +138,8 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
             os.kill(status["pid"], signal.SIGUSR2)
         process.wait(timeout=120)
     finally:
-        if process.poll() is None:
-            process.kill()
+        if process.poll() is None:  # the job and its submitit tasks must not outlive the test
+            stop_group(process)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and 3 <= summary["steps"]
     assert latest_checkpoint(run_dir).name == f"step-{summary['steps']:08d}.pt"

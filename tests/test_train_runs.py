@@ -6,6 +6,7 @@ import math
 from collections import Counter
 
 import pytest
+from process_support import run_process
 from train_support import read_jsonl, train_cli
 
 from analysis.wandb_offline import read_offline_run
@@ -102,18 +103,17 @@ def test_multirun_runs_its_jobs_one_after_another(smoke_sweep):
 
 def test_runs_unchanged_under_an_external_torchrun(tmp_path, batchlab_cache):
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
     run_dir = tmp_path / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    result = subprocess.run(
+    result = run_process(
         [str(torchrun), "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m",
          "harness.cli.train", "experiment=smoke", "trainer.nproc=1", "trainer.stop_tokens=6000", "logger=none",
          "trainer.progress=false", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+        cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     summary = read_jsonl_one(run_dir / "summary.json")
     # trainer.nproc is ignored under an external launcher: the job has torchrun's 2 ranks

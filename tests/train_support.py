@@ -2,9 +2,10 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from process_support import run_process, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,8 +34,7 @@ def train_cli(args, cwd, timeout=300, env_extra=None):
     """Run `batchlab-train ARGS` in a subprocess; returns the CompletedProcess."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true", **(env_extra or {}))
     env.pop("WANDB_MODE", None)
-    return subprocess.run([sys.executable, "-m", "harness.cli.train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return run_process([sys.executable, "-m", "harness.cli.train", *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def signal_after_steps(process, run_dir, after_steps, sig, deadline_s=240, wait_s=60):
@@ -51,9 +51,10 @@ def signal_after_steps(process, run_dir, after_steps, sig, deadline_s=240, wait_
             assert process.poll() is None, "the run ended before it could be stopped"
             time.sleep(0.05)
         os.killpg(process.pid, sig)
+        return process.wait(timeout=wait_s)
     finally:
-        returncode = process.wait(timeout=wait_s)
-    return returncode
+        if process.poll() is None:  # the test failed or the run did not stop: it must not outlive the test
+            stop_group(process)
 
 
 def read_jsonl(path):

@@ -1,0 +1,46 @@
+"""Subprocesses of the tests that never outlive their test.
+
+A training job is a process tree (the launcher, its ranks, submitit's tasks). ``subprocess.run(timeout=...)`` kills
+only the launcher when the time is up: the ranks live on as orphans, take the CPU from the tests that follow and keep
+the output pipes open. Here each job gets its own process group (a new session) and the whole group is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+
+def stop_group(process: subprocess.Popen, sig: int = signal.SIGKILL, wait_s: float = 30) -> None:
+    """Send ``sig`` to ``process``'s whole process group (started with ``start_new_session=True``) and reap it."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:  # the group has already ended
+        pass
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=wait_s)
+
+
+def run_process(command, *, cwd, env=None, timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True)`` in a new session. Past ``timeout`` seconds the
+    whole process group is killed and an AssertionError says so, with the end of what the job printed."""
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_group(process)
+            try:
+                stdout, stderr = process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # something outside the group still holds the pipes
+                stdout, stderr = "", "(its output could not be read)"
+            raise AssertionError(f"{' '.join(map(str, command))} did not end within {timeout:.0f} s; its process "
+                                 f"group was killed. The end of its output:\n{stdout[-2000:]}\n{stderr[-4000:]}")
+        except BaseException:  # the test was interrupted (Ctrl-C, pytest-timeout): the job goes with it
+            stop_group(process)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

@@ -88,7 +88,7 @@ def _config_dir(root: Path) -> Path:
     return conf
 
 
-def _train(args, root: Path, timeout: int = 600) -> None:
+def _train(args, root: Path, timeout: int = 500) -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_SILENT="true")
     env.pop("WANDB_MODE", None)
     env.setdefault("BATCHLAB_CACHE", str(root / "cache"))

@@ -31,7 +31,7 @@ def smoke_sweep(tmp_path_factory, batchlab_cache):
     sweep = root / "sweep"
     result = train_cli(["-m", "experiment=smoke", f"strategy={','.join(available_strategies())}",
                         "trainer.record_consumed=true", "trainer.progress=false", f"hydra.sweep.dir={sweep}",
-                        "hydra.sweep.subdir=${strategy.name}"], cwd=root, timeout=900)
+                        "hydra.sweep.subdir=${strategy.name}"], cwd=root, timeout=500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return sweep
 

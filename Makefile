@@ -15,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo plan-demo test bench fla-interpret clean
+.PHONY: install demo ablation plan-demo test bench fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -53,6 +53,13 @@ demo: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=strategies
 	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report
 	@echo "report: $(CURDIR)/outputs/report/report.html (README block: outputs/report/summary.md)"
+
+# The step-mode ablation: packed and shuffle in both step modes x 3 seeds, then its report (the "Ablation"
+# section: how much of their gap is the optimizer step count). After `make demo` (same cached target).
+ablation: $(STAMP)
+	$(VENV)/bin/batchlab-train -m experiment=ablation_steps
+	$(VENV)/bin/batchlab-report multirun/ablation_steps --out outputs/ablation-report
+	@echo "report: $(CURDIR)/outputs/ablation-report/report.html"
 
 # Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
 plan-demo: $(STAMP)

@@ -7,7 +7,9 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the average
 - ``relative_throughput`` = that / the same seed's ``sorted`` run (``sorted`` is the reference; the
   mean of ``sorted`` over seeds when that seed has no sorted run; the fastest strategy when there is
   no sorted run at all, and the table says so).
-- ``padding_pct`` = 100 · (1 − Σ real_tokens / Σ computed_slots).
+- ``padding_pct`` = 100 · (1 − Σ real_tokens / Σ computed_slots); ``clipped_pct`` = 100 · the share of steps
+  whose gradient norm was clipped; ``step_mode`` = ``equal-token steps`` or ``fixed accumulation``
+  (:func:`analysis.load.step_mode`); ``strategy_name`` = the strategy without its variant label.
 - ``grad_diversity`` = mean of the measured steps' gradient diversity (``grad_stats_measured``);
   ``grad_noise_scale`` = its last measured value.
 - ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length (``plan_lag1_acf``).
@@ -37,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import Sweep, order_strategies
+from analysis.load import Sweep, order_strategies, step_mode
 from analysis.stats import (
     MIN_SEEDS,
     THROUGHPUT_SOURCE,
@@ -57,6 +59,7 @@ TABLE_COLUMNS = {
     "relative_throughput": ("× sorted", "{:.2f}"),
     "padding_pct": ("padding %", "{:.1f}"),
     "steps": ("optimizer steps", "{:.0f}"),
+    "clipped_pct": ("clipped %", "{:.1f}"),
     "grad_diversity": ("gradient diversity", "{:.3g}"),
     "lag1_acf": ("lag-1 ACF", "{:+.2f}"),
     "recurrence": ("recurrence", "{:.2f}"),
@@ -133,13 +136,15 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
     target = default_target_loss(steps) if target_loss is None else float(target_loss)
     rec_column = recurrence_column(steps)
     rows = []
-    for run in sweep.runs.itertuples(index=False):
-        history = steps[steps["run"] == run.run].sort_values("step")
+    for _, run in sweep.runs.iterrows():
+        history = steps[steps["run"] == run["run"]].sort_values("step")
         # the per-run averages the trainer's summary.json also holds: one definition, harness.train.summary
         averages = step_averages(history.to_dict("records"), recurrence=rec_column)
         target_busy, drafter_idle = _stage_means(history)
         rows.append({
-            "run": run.run, "strategy": run.strategy, "seed": int(run.seed), "steps": int(len(history)),
+            "run": run["run"], "strategy": run["strategy"], "seed": int(run["seed"]), "steps": int(len(history)),
+            "strategy_name": run.get("strategy_name", run["strategy"]), "step_mode": step_mode(run),
+            "clipped_pct": 100.0 * averages["clip_fraction"],
             "tokens_seen": int(history["tokens_seen"].iloc[-1]),
             "epochs": float(history["epochs"].iloc[-1]) if "epochs" in history.columns else math.nan,
             "train_time_s": averages["step_time_sum_s"],
@@ -276,11 +281,11 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
     if len(div) > 1:
         high = div.loc[div["grad_diversity"].idxmax()]
         low = div.loc[div["grad_diversity"].idxmin()]
-        sentences.append(f"Measured gradient diversity is highest under {high['strategy']} "
-                         f"({high['grad_diversity']:.3g}) and lowest under {low['strategy']} "
-                         f"({low['grad_diversity']:.3g}); Δ grows when a step's small batches (ranks or "
-                         "accumulation micro-batches) pull in different directions, so length-homogeneous "
-                         "micro-batches raise it: read it with the recurrence and length-mix columns.")
+        sentences.append(f"Measured gradient diversity (Yin's Δ of a step's samples, from the noise scale) is "
+                         f"highest under {high['strategy']} ({high['grad_diversity']:.3g}) and lowest under "
+                         f"{low['strategy']} ({low['grad_diversity']:.3g}); it depends on the step's loss weight W, "
+                         "so compare it between strategies only at equal-token steps (compare the noise scale "
+                         "otherwise), and read it with the recurrence column (no test is applied to it).")
     return sentences
 
 

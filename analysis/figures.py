@@ -134,7 +134,7 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
     then says that its ratios are no measurement of record."""
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
-    panels = [("grad_diversity", "gradient diversity Δ of a step's small batches (higher: they disagree more)"),
+    panels = [("grad_diversity", "gradient diversity Δ of a step's samples (higher: they disagree more)"),
               ("recurrence", f"{kind}-level composition recurrence (epoch e → e+1)")]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))

@@ -119,6 +119,18 @@ def _short(value: Any) -> Any:
 _NOT_VARIANT = ("plan_fingerprint.", "logger.", "hydra.")
 
 
+#: the config keys a step mode sets (conf/step_mode/): runs differing only in them are labelled by the mode
+STEP_MODE_KEYS = frozenset({"trainer.step_tokens", "trainer.grad_accum"})
+
+
+def step_mode(run: pd.Series) -> str:
+    """``"equal-token steps"`` (``trainer.step_tokens`` set: every step carries the same real tokens) or
+    ``"fixed accumulation"`` (a fixed number of micro-batches per step), from a row of ``Sweep.runs``."""
+    step_tokens = run.get("step_tokens", run.get("trainer.step_tokens"))
+    equal = step_tokens is not None and not (isinstance(step_tokens, float) and math.isnan(step_tokens))
+    return "equal-token steps" if equal else "fixed accumulation"
+
+
 def label_variants(runs: pd.DataFrame) -> pd.Series:
     """The strategy label of every run: the strategy's name, plus the config keys that tell its variants apart.
 
@@ -134,6 +146,9 @@ def label_variants(runs: pd.DataFrame) -> pd.Series:
         if not differing:
             continue
         for index, row in group.iterrows():
+            if set(differing) <= STEP_MODE_KEYS:  # experiment=ablation_steps: "packed (fixed accumulation)"
+                labels[index] = f"{strategy} ({step_mode(row)})"
+                continue
             parts = ", ".join(f"{c.rsplit('.', 1)[-1]}={_short(row[c])}" for c in differing)
             labels[index] = f"{strategy} ({parts})"
     return labels

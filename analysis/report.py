@@ -1,14 +1,16 @@
 """The sweep report: figures, tables, sentences → ``report.md`` and a self-contained ``report.html``.
 
 :func:`build_report` takes a loaded :class:`~analysis.load.Sweep` and writes into ``out_dir``:
-``figures/<name>.png`` and ``.svg`` (the seven figures of :mod:`analysis.figures`), ``runs.csv``
+``figures/<name>.png`` and ``.svg`` (the eight figures of :mod:`analysis.figures`), ``runs.csv``
 (per-run numbers), ``strategies.csv`` (the per-strategy table, means and standard deviations, and the
 timing check: ``tokens_per_second_cv``, ``step_slot_rate_spread_max``, ``step_stall_factor_max``,
 ``timing_disturbed``),
 ``comparisons.csv`` (every pair of strategies on every headline metric: paired t-test, Holm–Bonferroni;
 :mod:`analysis.stats`), ``excluded.csv`` (runs left out), ``summary.md`` (the README's block,
 :mod:`analysis.summary`, rendered from ``runs.csv``), ``report.md`` and ``report.html`` (figures embedded
-as base64 PNG, no external file needed).
+as base64 PNG, no external file needed). A sweep that ran strategies in both step modes
+(``experiment=ablation_steps``) adds an ablation section, ``ablation.csv`` and ``figures/ablation_steps``
+(:mod:`analysis.ablation`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import ablation as abl
 from analysis import figures as figs
 from analysis.compare import comparison_sentences, format_table, run_metrics, strategy_table, summary_sentences
 from analysis.load import Sweep
@@ -114,13 +117,38 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     facts = sweep_facts(sweep, per_run)
     formatted = format_table(table, timing)
     notes = table_notes(per_run, table, timing)
+    ablation = ablation_section(per_run, out_dir, figure_dir)
     report.markdown = out_dir / "report.md"
     report.markdown.write_text(render_markdown(title, facts, sentences, stats_sentences, formatted, notes,
-                                               comparisons, sweep.excluded, paths))
+                                               comparisons, sweep.excluded, paths, ablation))
     report.html = out_dir / "report.html"
     report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
-                                       sweep.excluded, paths, style))
+                                       sweep.excluded, paths, style, ablation))
     return report
+
+
+@dataclass
+class AblationSection:
+    """The report's step-mode ablation (:mod:`analysis.ablation`), when the sweep ran strategies in both modes."""
+    table: pd.DataFrame
+    sentences: list[str]
+    markdown: str
+    figure: list[Path]
+
+
+def ablation_section(per_run: pd.DataFrame, out_dir: Path, figure_dir: Path) -> AblationSection | None:
+    """Also writes ``ablation.csv`` (every gap and step-count part with its interval)."""
+    if not abl.has_ablation(per_run):
+        return None
+    parts = abl.step_parts(per_run)
+    pd.DataFrame([{"metric": p.metric, "a": p.a, "b": p.b, "seeds": len(p.seeds),
+                   "gap_fixed_accumulation": p.fixed.mean, "gap_fixed_low": p.fixed.ci[0],
+                   "gap_fixed_high": p.fixed.ci[1], "gap_equal_steps": p.equal.mean, "gap_equal_low": p.equal.ci[0],
+                   "gap_equal_high": p.equal.ci[1], "step_mode_part": p.mean, "step_mode_part_low": p.ci[0],
+                   "step_mode_part_high": p.ci[1]} for p in parts]).to_csv(out_dir / "ablation.csv", index=False)
+    return AblationSection(abl.ablation_table(per_run), abl.ablation_sentences(per_run, parts),
+                           abl.ablation_markdown(per_run),
+                           figs.save_figure(abl.ablation_figure(per_run), figure_dir, "ablation_steps"))
 
 
 def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck) -> list[str]:
@@ -131,9 +159,10 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         f"real tokens/s = Σ real tokens / Σ step time; × {reference} = ratio to the same seed's {reference} run"
         + ("" if reference == "sorted" else " (no sorted run in this sweep: the fastest strategy is the reference)")
         + (": not quoted (—), the timings were disturbed (below)" if timing.flagged else "") + ".",
-        "padding % = 1 − Σ real tokens / Σ computed slots; optimizer steps differ between strategies at equal "
-        "tokens (one budget per micro-batch); gradient diversity = mean over measured steps (Yin's Δ between a "
-        "step's small batches: higher when they pull in different directions).",
+        "padding % = 1 − Σ real tokens / Σ computed slots; " + step_mode_note(per_run) + " gradient diversity = "
+        "mean over measured steps of Yin's Δ of a step's samples implied by the noise scale B_simple, "
+        "(1 + B) / (W + B): 1/W when every sample's gradient agrees, 1 when the gradient is all noise "
+        "(docs/design.md §6); clipped % = share of steps whose gradient norm was clipped (optim.grad_clip).",
         "lag-1 ACF = the plan's autocorrelation of step mean length at lag 1 (mean over epochs); "
         f"recurrence = {kind}-level composition recurrence between consecutive epochs (1: same batches every epoch).",
         "held-out loss and τ = last evaluation (τ teacher-forced against the data; τ real = tokens per target "
@@ -142,11 +171,25 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         f"held-out loss ≤ {per_run['target_loss'].iloc[0]:.3f}.",
     ]
     if table["grad_diversity"].isna().all():
-        notes.append("Gradient diversity was not measured in this sweep (it needs trainer.grad_accum > 1 or "
-                     "trainer.nproc > 1).")
+        notes.append("Gradient diversity was not measured in this sweep (it needs two small batches per step: "
+                     "trainer.nproc > 1, trainer.grad_accum > 1, or trainer.step_tokens above trainer.max_tokens).")
     if timing.flagged:
         notes.append(timing.note())
     return notes
+
+
+def step_mode_note(per_run: pd.DataFrame) -> str:
+    """Which question the sweep's step mode answers (docs/design.md §11)."""
+    modes = set(per_run["step_mode"].dropna()) if "step_mode" in per_run.columns else set()
+    if modes == {"equal-token steps"}:
+        return ("every optimizer step carries the same real tokens (trainer.step_tokens), so every strategy takes "
+                "the same optimizer steps and padding shows as a step's cost: the comparison isolates batch "
+                "composition.")
+    if modes == {"fixed accumulation"}:
+        return ("every optimizer step has a fixed number of micro-batches of one slot budget, so a strategy that "
+                "pads more takes more, smaller optimizer steps for the same tokens: differences mix step count "
+                "with composition.")
+    return "the runs mix step modes (equal-token steps and fixed accumulation): see the ablation section."
 
 
 def _signed(fmt: str, value: float) -> str:
@@ -171,7 +214,8 @@ PAIR_HEADER = ["metric", "A", "B", "seeds", "mean A − B", "95% t interval", "p
 STATS_HEADING = "Statistical comparison (every pair of strategies, paired by seed, Holm–Bonferroni)"
 
 
-def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths) -> str:
+def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
+                    ablation: AblationSection | None = None) -> str:
     parts = [f"# {title}", "", "## Sweep", ""]
     parts += [f"- **{k}**: {v}" for k, v in facts]
     parts += ["", "## Findings", ""] + [f"- {s}" for s in sentences]
@@ -182,6 +226,10 @@ def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, 
     rows = _pairs_rows(comparisons)
     if rows:
         parts += ["", md_table(PAIR_HEADER, rows)]
+    if ablation is not None:
+        png, svg = ablation.figure
+        parts += ["", f"## {abl.HEADING}", "", ablation.markdown.rstrip("\n")]
+        parts += ["", f"![{abl.HEADING}](figures/{png.name})", "", f"SVG: [figures/{svg.name}](figures/{svg.name})"]
     parts += ["", "## Figures", ""]
     for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
         png = paths[name][0]
@@ -227,7 +275,7 @@ def _html_table(header: list[str], rows: list[list[str]], colours: dict[str, str
 
 
 def render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
-                style: figs.StrategyStyle) -> str:
+                style: figs.StrategyStyle, ablation: AblationSection | None = None) -> str:
     esc = html.escape
     body = [f"<h1>{esc(title)}</h1>", "<h2>Sweep</h2>", '<ul class="facts">']
     body += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in facts]
@@ -240,6 +288,13 @@ def render_html(title, facts, sentences, stats_sentences, formatted, notes, comp
     rows = _pairs_rows(comparisons)
     if rows:
         body.append(_html_table(PAIR_HEADER, rows))
+    if ablation is not None:
+        data = base64.b64encode(ablation.figure[0].read_bytes()).decode("ascii")
+        body += [f"<h2>{esc(abl.HEADING)}</h2>",
+                 _html_table(list(ablation.table.columns), ablation.table.astype(str).values.tolist()), "<ul>"]
+        body += [f"<li>{esc(s)}</li>" for s in ablation.sentences] + ["</ul>"]
+        body.append(f'<figure id="fig-ablation_steps"><img alt="{esc(abl.HEADING)}" '
+                    f'src="data:image/png;base64,{data}"></figure>')
     body.append("<h2>Figures</h2>")
     for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
         data = base64.b64encode(paths[name][0].read_bytes()).decode("ascii")

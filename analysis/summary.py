@@ -28,6 +28,7 @@ SUMMARY_COLUMNS = {
     "relative_throughput": ("× sorted", "{:.2f}"),
     "padding_pct": ("padding", "{:.1f}%"),
     "steps": ("optimizer steps", "{:.0f}"),
+    "clipped_pct": ("clipped", "{:.1f}%"),
     "recurrence": ("step recurrence", "{:.2f}"),
     "final_eval_loss": ("held-out loss", "{:.3f}"),
     "final_eval_tau": ("τ teacher-forced", "{:.3f}"),

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 import analysis_support as support
+from process_support import run_process
 from analysis.cli import main
 from analysis.figures import FIGURES
 from analysis.summary import read_runs_csv, summary_markdown
@@ -91,8 +92,8 @@ def test_comparisons_csv_holds_every_pair_of_every_headline_metric(report):
 def test_the_report_writes_the_markdown_summary_from_its_runs_csv(report):
     text = (report / "summary.md").read_text()
     assert text == summary_markdown(read_runs_csv(report / "runs.csv"))
-    header = ("| strategy | real tokens/s | × sorted | padding | optimizer steps | step recurrence | held-out loss | "
-              "τ teacher-forced | τ real |")
+    header = ("| strategy | real tokens/s | × sorted | padding | optimizer steps | clipped | step recurrence | "
+              "held-out loss | τ teacher-forced | τ real |")
     assert text.startswith(header + "\n")
     assert "Holm–Bonferroni" in text
 
@@ -212,11 +213,22 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
     if browser is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium); the HTML rendering check is skipped")
     shot = tmp_path / "report.png"
-    result = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                             "--window-size=1280,2400", f"--screenshot={shot}", (report / "report.html").as_uri()],
-                            capture_output=True, text=True, timeout=120)
+    # its own process group: the browser's helper processes end with the test, even when it times out
+    result = run_process([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--window-size=1280,2400", f"--screenshot={shot}", (report / "report.html").as_uri()],
+                         cwd=tmp_path, timeout=120)
     assert result.returncode == 0 and shot.exists(), result.stderr[-2000:]
     pixels = mpimg.imread(shot)[..., :3]
     assert pixels.shape[0] == 2400 and pixels.shape[1] == 1280
     assert float(pixels.std()) > 0.05  # text, tables and figures, not a blank page
     assert (np.abs(pixels - pixels[0, 0]).sum(axis=-1) > 0.3).mean() > 0.02
+
+
+def test_the_readme_result_block_is_the_demo_reports_summary():
+    """Every number of the README's result section is batchlab-report's own output: the block between the markers
+    is summary.md re-rendered from the demo's stored per-run table (docs/demo/runs.csv, `make demo`'s runs.csv)."""
+    readme = (support.REPO / "README.md").read_text()
+    start, end = "<!-- summary.md of make demo (docs/demo/runs.csv) -->\n", "<!-- end of summary.md -->"
+    assert start in readme and end in readme, "the README's result block markers are missing"
+    block = readme.split(start, 1)[1].split(end, 1)[0]
+    assert block.strip() == summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv")).strip()

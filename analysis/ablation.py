@@ -1,0 +1,211 @@
+"""The step-mode ablation: how much of a gap between two strategies is the number of optimizer steps they take.
+
+At a fixed accumulation (a fixed number of micro-batches of one slot budget per step) a strategy that pads more
+takes more, smaller optimizer steps for the same tokens; at equal-token steps (``trainer.step_tokens``) every
+strategy takes the same steps. A sweep that runs the same strategies in both modes with the same seeds
+(``batchlab-train -m experiment=ablation_steps``) separates the two causes. For strategies A and B and a metric m
+(held-out loss, τ real), paired by seed:
+
+- the gap in a mode = mean over seeds of m(A) − m(B), with its 95 % t interval;
+- the step-count part = gap(fixed accumulation) − gap(equal-token steps), per seed, then its mean and interval:
+  what changes when only the step mode changes. What remains at equal steps is the part batch composition can
+  explain.
+
+The intervals are per comparison, without a family correction: the ablation describes; the significance of a
+ranking is the main sweep's Holm-corrected tests (:mod:`analysis.stats`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis.figures import STYLE, StrategyStyle
+from analysis.load import order_strategies
+from analysis.stats import MIN_SEEDS, paired_test
+
+FIXED, EQUAL = "fixed accumulation", "equal-token steps"
+MODES = (FIXED, EQUAL)
+#: metric → (words, format of a value)
+METRICS = {"final_eval_loss": ("held-out loss", "{:.3f}"), "final_eval_tau_real": ("τ real", "{:.2f}")}
+#: the ablation table: column → (heading, format)
+TABLE_COLUMNS = {"steps": ("optimizer steps", "{:.0f}"), "clipped_pct": ("clipped", "{:.1f}%"),
+                 "final_eval_loss": ("held-out loss", "{:.3f}"), "final_eval_tau_real": ("τ real", "{:.2f}")}
+HEADING = "Ablation: optimizer steps or batch composition?"
+
+
+@dataclass
+class Gap:
+    """m(a) − m(b) in one mode, paired by seed."""
+    metric: str
+    a: str
+    b: str
+    mode: str
+    seeds: list[int]
+    mean: float
+    ci: tuple[float, float]
+
+
+@dataclass
+class StepPart:
+    """gap(fixed accumulation) − gap(equal-token steps), paired by seed; ``fixed`` and ``equal`` are the gaps."""
+    metric: str
+    a: str
+    b: str
+    seeds: list[int]
+    mean: float
+    ci: tuple[float, float]
+    fixed: Gap
+    equal: Gap
+
+
+def _values(per_run: pd.DataFrame, strategy: str, mode: str, metric: str) -> pd.Series:
+    rows = per_run[(per_run["strategy_name"] == strategy) & (per_run["step_mode"] == mode)]
+    return rows.set_index("seed")[metric].astype(float).dropna()
+
+
+def ablated_strategies(per_run: pd.DataFrame) -> list[str]:
+    """The strategies run in both step modes (in report order); the ablation needs two of them."""
+    if not {"strategy_name", "step_mode"} <= set(per_run.columns):
+        return []
+    both = [s for s in per_run["strategy_name"].unique()
+            if set(per_run.loc[per_run["strategy_name"] == s, "step_mode"]) >= set(MODES)]
+    return order_strategies(both)
+
+
+def has_ablation(per_run: pd.DataFrame) -> bool:
+    return len(ablated_strategies(per_run)) >= 2
+
+
+def _interval(diffs: np.ndarray) -> tuple[float, tuple[float, float]]:
+    if diffs.size < MIN_SEEDS:
+        return float(diffs.mean()) if diffs.size else math.nan, (math.nan, math.nan)
+    return float(diffs.mean()), paired_test(diffs)[1]
+
+
+def _gap(per_run: pd.DataFrame, metric: str, a: str, b: str, mode: str, seeds: list[int]) -> Gap:
+    diffs = (_values(per_run, a, mode, metric)[seeds] - _values(per_run, b, mode, metric)[seeds]).to_numpy()
+    mean, ci = _interval(diffs)
+    return Gap(metric, a, b, mode, seeds, mean, ci)
+
+
+def step_parts(per_run: pd.DataFrame) -> list[StepPart]:
+    """Every pair of ablated strategies on every metric of :data:`METRICS`, on the seeds all four runs have."""
+    parts = []
+    for a, b in combinations(ablated_strategies(per_run), 2):
+        for metric in METRICS:
+            seeds = sorted(set.intersection(*(set(_values(per_run, s, m, metric).index) for s in (a, b)
+                                              for m in MODES)))
+            fixed = _gap(per_run, metric, a, b, FIXED, seeds)
+            equal = _gap(per_run, metric, a, b, EQUAL, seeds)
+            per_seed = []
+            for seed in seeds:
+                gap_fixed = _values(per_run, a, FIXED, metric)[seed] - _values(per_run, b, FIXED, metric)[seed]
+                gap_equal = _values(per_run, a, EQUAL, metric)[seed] - _values(per_run, b, EQUAL, metric)[seed]
+                per_seed.append(gap_fixed - gap_equal)
+            mean, ci = _interval(np.asarray(per_seed, dtype=float))
+            parts.append(StepPart(metric, a, b, seeds, mean, ci, fixed, equal))
+    return parts
+
+
+def ablation_table(per_run: pd.DataFrame) -> pd.DataFrame:
+    """One row per ablated strategy and mode: seeds, then ``mean ± sd`` of :data:`TABLE_COLUMNS` as strings."""
+    rows = []
+    for strategy in ablated_strategies(per_run):
+        for mode in MODES:
+            group = per_run[(per_run["strategy_name"] == strategy) & (per_run["step_mode"] == mode)]
+            row = {"strategy": strategy, "step mode": mode, "seeds": str(len(group))}
+            for column, (heading, fmt) in TABLE_COLUMNS.items():
+                values = group[column].astype(float).dropna() if column in group.columns else pd.Series([], float)
+                if not len(values):
+                    row[heading] = "—"
+                    continue
+                unit = "%" if fmt.endswith("%") else ""
+                cell = fmt.format(values.mean())
+                if len(values) > 1:
+                    decimals = fmt.split(".")[1].split("f")[0] if "." in fmt else "0"
+                    cell += f" ± {values.std(ddof=1):.{decimals}f}{unit}"
+                row[heading] = cell
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _steps(per_run: pd.DataFrame, strategy: str, mode: str) -> str:
+    steps = _values(per_run, strategy, mode, "steps")
+    return f"{steps.mean():.0f}" if len(steps) else "?"
+
+
+def _signed(fmt: str, value: float) -> str:
+    return fmt.replace("{:", "{:+").format(value)
+
+
+def _with_interval(fmt: str, mean: float, ci: tuple[float, float]) -> str:
+    if not math.isfinite(ci[0]):
+        return f"{_signed(fmt, mean)} (no interval: fewer than {MIN_SEEDS} seeds)"
+    return f"{_signed(fmt, mean)} [{_signed(fmt, ci[0])}, {_signed(fmt, ci[1])}]"
+
+
+def ablation_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str]:
+    """One sentence per pair and metric, every number with its 95 % t interval over seeds."""
+    sentences = []
+    for part in parts:
+        words, fmt = METRICS[part.metric]
+        a, b = part.a, part.b
+        sentences.append(
+            f"{words}, {a} − {b} over seeds {', '.join(map(str, part.seeds))}: "
+            f"{_with_interval(fmt, part.fixed.mean, part.fixed.ci)} under fixed accumulation ({a} "
+            f"{_steps(per_run, a, FIXED)} steps, {b} {_steps(per_run, b, FIXED)}), "
+            f"{_with_interval(fmt, part.equal.mean, part.equal.ci)} at equal-token steps ({a} "
+            f"{_steps(per_run, a, EQUAL)}, {b} {_steps(per_run, b, EQUAL)}): the step count accounts for "
+            f"{_with_interval(fmt, part.mean, part.ci)} of the fixed-accumulation gap; the equal-step gap is what "
+            "batch composition can explain.")
+    sentences.append("95 % t intervals over seeds, one per comparison (no family correction): the ablation "
+                     "describes; the main sweep's Holm-corrected tests say which rankings are significant.")
+    return sentences
+
+
+def ablation_markdown(per_run: pd.DataFrame) -> str:
+    """The section's text in markdown: the table, then one bullet per sentence (what ``report.md`` holds, and
+    what ``benchmarks/RESULTS.md`` pastes; re-rendered by a test from a stored ``runs.csv``)."""
+    table = ablation_table(per_run)
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.values.tolist()]
+    lines += [""] + [f"- {s}" for s in ablation_sentences(per_run, step_parts(per_run))]
+    return "\n".join(lines) + "\n"
+
+
+def ablation_figure(per_run: pd.DataFrame) -> Figure:
+    """Held-out loss and τ real of each ablated strategy in both step modes: a dot per seed, the mean joined
+    across modes, the mean optimizer steps written beside each mean (colours: the main report's)."""
+    strategies = ablated_strategies(per_run)
+    style = StrategyStyle(strategies)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(METRICS), figsize=(11, 4.4))
+        for ax, (metric, (words, fmt)) in zip(axes, METRICS.items()):
+            for offset, strategy in zip(np.linspace(-0.08, 0.08, len(strategies)), strategies):
+                colour = style.colour(strategy)
+                means = []
+                for x, mode in enumerate(MODES):
+                    values = _values(per_run, strategy, mode, metric)
+                    ax.scatter(np.full(len(values), x + offset), values, color=colour, alpha=0.45, s=18)
+                    means.append(values.mean() if len(values) else math.nan)
+                    if len(values):
+                        ax.annotate(f"{_steps(per_run, strategy, mode)} steps", (x + offset, means[-1]),
+                                    textcoords="offset points", xytext=(7, -3), fontsize=8, color=colour)
+                ax.plot(np.arange(len(MODES)) + offset, means, color=colour, marker=style.marker(strategy),
+                        label=strategy)
+            ax.set_xticks(range(len(MODES)), MODES)
+            ax.set_xlim(-0.4, len(MODES) - 0.4)
+            ax.set_ylabel(f"final {words}")
+            ax.set_title(f"{words} by step mode (same tokens)")
+        axes[0].legend(loc="best")
+        fig.suptitle("Same tokens in both modes: what changes between them is the optimizer step count; "
+                     "the gap left at equal steps is composition's")
+        fig.tight_layout()
+    return fig

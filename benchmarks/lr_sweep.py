@@ -9,6 +9,7 @@ conclusion would change with the learning rate, and the share of steps whose gra
     python benchmarks/lr_sweep.py                        # print the table
     python benchmarks/lr_sweep.py --write                # also rewrite its section of RESULTS.md
     python benchmarks/lr_sweep.py --lrs 3e-3,6e-3,1.2e-2 # another grid
+    python benchmarks/lr_sweep.py --runs-dir DIR         # keep the runs (and reuse them when rerun)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ METRICS = (("eval_loss", "held-out loss", "{:.3f}"), ("eval_tau", "τ", "{:.2f}"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lrs", default="2.5e-3,5e-3,1e-2,2e-2", help="comma-separated learning rates")
+    parser.add_argument("--lrs", default="5e-3,1e-2,2e-2,4e-2", help="comma-separated learning rates")
     parser.add_argument("--strategies", default=None, help="comma-separated (default: every registered strategy)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs-dir", default=None,
@@ -92,7 +93,9 @@ def main() -> None:
         + (f" ({reused} of {len(results)} runs reused from --runs-dir, each {sum(r['wall_time_s'] for r in results.values()) / len(results):.0f} s of training wall time)" if reused else "")
         + ".\n\n"
         f"Each cell is one run of the main job's settings (`experiment=strategies`: regenerated completions, "
-        f"step_tokens={trainer['step_tokens']}, {trainer['stop_tokens']:,} tokens, warmup "
+        f"step_tokens={trainer['step_tokens']}, "
+        + (f"{trainer['stop_tokens']:,} tokens" if trainer["stop_tokens"] is not None
+           else f"{trainer['stop_epochs']:g} epochs") + ", warmup "
         f"{optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate: held-out loss / "
         f"τ / τ real / share of clipped steps. The learning rate with the lowest mean held-out loss over the "
         f"strategies is chosen for all of them: **{chosen:g}**. The ranking of the strategies "

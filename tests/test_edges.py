@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import strategies.edges as edges_module
@@ -227,6 +227,7 @@ def test_budget_objective_and_dp_match_brute_force_on_tiny_data(case):
     max_tokens=st.integers(min_value=400, max_value=5000),
     max_samples=st.one_of(st.none(), st.integers(min_value=1, max_value=64)),
 )
+@example(lengths=[3, 201], num_buckets=1, max_tokens=400, max_samples=None)  # a rounding case found once
 def test_budget_dp_is_never_worse_than_other_edges_under_its_objective(lengths, num_buckets, max_tokens, max_samples):
     lengths = np.asarray(lengths)
     budget = Budget(max_tokens, max_samples=max_samples)
@@ -235,7 +236,9 @@ def test_budget_dp_is_never_worse_than_other_edges_under_its_objective(lengths, 
     for other in ("quantile", "equal_tokens", "dp_upper"):
         edges = bucket_edges(lengths, num_buckets, other)
         assert own <= expected_budget_slots(lengths, edges, budget) * (1 + 1e-12), other
-    assert own >= lengths.sum() * (1 - 1e-12)  # E[max] is never below the mean: no edges beat zero padding
+    # E[max] is never below the mean: no edges beat zero padding (to the rounding of a sum of probabilities:
+    # 204 came out as 203.99999999979 once)
+    assert own >= lengths.sum() * (1 - 1e-9)
     assert 1 <= dp.size <= num_buckets
     assert np.all(np.diff(dp) > 0) and dp[-1] == lengths.max()
     assert np.isin(dp, lengths).all()

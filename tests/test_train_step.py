@@ -266,6 +266,25 @@ def test_equal_token_steps_give_every_strategy_the_same_step_count(tmp_path, bat
         assert np.mean([r[key] for r in steps["shuffle"]]) > np.mean([r[key] for r in steps["packed"]]), key
 
 
+def test_equal_token_steps_stop_at_the_end_of_a_whole_number_of_epochs(tmp_path, batchlab_cache):
+    """trainer.stop_epochs=N: every strategy sees every sample N times (the same tokens exactly, no tail subset that
+    differs by strategy), in the same number of steps to one step an epoch; the last step is evaluated."""
+    runs = {}
+    for strategy in ("sorted", "shuffle", "packed"):
+        config = compose_config([*STEP_TOKENS, f"strategy={strategy}", "trainer.stop_tokens=null",
+                                 "trainer.stop_epochs=2", "data.max_documents=60"])
+        run(config, tmp_path / strategy)
+        runs[strategy] = (read_jsonl(tmp_path / strategy / "metrics.jsonl"),
+                          json.loads((tmp_path / strategy / "summary.json").read_text()))
+    for strategy, (records, summary) in runs.items():
+        assert summary["status"] == "complete" and summary["stop_steps"] is None
+        assert records[-1]["tokens_seen"] == 2 * summary["epoch_tokens"], strategy  # exactly two epochs
+        assert records[-1]["epochs"] == 2.0 and {r["epoch"] for r in records} == {0, 1}
+        assert math.isfinite(records[-1]["eval_loss"])  # the stop is evaluated
+    steps = [len(records) for records, _ in runs.values()]
+    assert max(steps) - min(steps) <= 2, steps
+
+
 def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache):
     """Ranks run different numbers of micro-batches in a step (one synchronised backward each): the same steps
     on 2 ranks and on 1 give the same losses and gradients."""

@@ -82,11 +82,12 @@ class TrainerConfig:
     grad_accum: int = 1
     # equal-token optimizer steps: every step carries about this many real tokens, its micro-batches (and a
     # rank's count of them) varying as needed; needs grad_accum=1; the run stops after a step count (stop_tokens
-    # / step_tokens). None: fixed accumulation (world_size x grad_accum micro-batches a step)
+    # / step_tokens), or at the end of epoch N with stop_epochs=N (whole). None: fixed accumulation
+    # (world_size x grad_accum micro-batches a step)
     step_tokens: Optional[int] = None
     oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
     stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
-    stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null)
+    stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null); whole: at that epoch's end
     eval_every_tokens: int = 100_000
     # real acceptance at every eval: greedy speculative decoding of this many held-out prompts (0: off)
     eval_real_prompts: int = 16

@@ -82,9 +82,13 @@ class EpochData:
         self.total_tokens = (stop.stop_tokens if stop.stop_tokens is not None
                              else int(math.ceil(stop.stop_epochs * self.epoch_tokens)))
         # equal-token steps stop after a step count, the same for every strategy (not at a token count reached
-        # part way through a step that differs by strategy); None: stop at total_tokens
-        self.total_steps = (int(math.ceil(self.total_tokens / stop.step_tokens)) if stop.step_tokens is not None
-                            else None)
+        # part way through a step that differs by strategy). None: stop at total_tokens, which a whole number
+        # of epochs (trainer.stop_epochs=N) reaches exactly at the end of epoch N in either step mode: every
+        # strategy has then seen every sample N times (the same tokens, no tail subset that differs by
+        # strategy), its step count within one step an epoch of the others'
+        whole_epochs = stop.stop_epochs is not None and float(stop.stop_epochs).is_integer()
+        self.total_steps = (int(math.ceil(self.total_tokens / stop.step_tokens))
+                            if stop.step_tokens is not None and not whole_epochs else None)
         self.eval_groups = self._eval_groups(config.data.heldout_seed)
         # elastic resume: (epoch, the training-sample (plan) indices it had consumed) when the rest of that epoch
         # was re-planned for this world size / accumulation; None while every epoch runs its whole plan

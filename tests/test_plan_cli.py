@@ -227,13 +227,16 @@ def test_oversize_drop_plans_when_the_first_samples_are_all_too_long(capsys, tmp
         assert row["samples_seen_once"] is True
 
 
-def test_balance_does_not_worsen_rank_imbalance(capsys, sources):
+def test_balance_lowers_rank_imbalance(capsys, sources):
     argv = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--world-size", "4", "--grad-accum", "2"]
     argv += ["--strategies", "shuffle", "--epochs", "1", "--json"]
     plain = run_json(capsys, argv)[0]
     balanced = run_json(capsys, [*argv, "--balance"])[0]
     assert balanced["samples_seen_once"] is True
-    assert balanced["rank_imbalance"] <= plain["rank_imbalance"] + 1e-12
+    # a shuffle's ranks differ here (measured 1.19): balancing must remove a good part of it (measured 1.08), so
+    # a --balance that did nothing fails
+    assert plain["rank_imbalance"] > 1.1
+    assert balanced["rank_imbalance"] - 1 < 0.7 * (plain["rank_imbalance"] - 1)
 
 
 @pytest.mark.parametrize(

@@ -232,3 +232,30 @@ def test_the_readme_result_block_is_the_demo_reports_summary():
     assert start in readme and end in readme, "the README's result block markers are missing"
     block = readme.split(start, 1)[1].split(end, 1)[0]
     assert block.strip() == summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv")).strip()
+
+
+def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
+    """The frontier's strategy points are strategies.csv's means; the held-out curves end at its final held-out
+    loss; the throughput bars are its real tokens/s (figures drawn from the sweep, compared with the csv)."""
+    import matplotlib.pyplot as plt
+
+    from analysis import figures as figs
+    from analysis.compare import run_metrics
+    from analysis.load import load_sweeps
+
+    sweep = load_sweeps([sweep_dir])
+    per_run = run_metrics(sweep)
+    table = pd.read_csv(report / "strategies.csv").set_index("strategy")
+    style = figs.StrategyStyle(sweep.strategies)
+    frontier = figs.frontier(per_run, style)
+    for ax, column in zip(frontier.axes[:2], ("grad_diversity", "recurrence")):
+        centres = [line.get_xydata()[0] for line in ax.lines if line.get_markersize() == 9]
+        expected = [(table.loc[s, column], table.loc[s, "relative_throughput"]) for s in style.strategies]
+        np.testing.assert_allclose(centres, expected, rtol=1e-9, err_msg=column)
+    heldout = figs.heldout(sweep.steps, style)
+    ends = [line.get_ydata()[-1] for line in heldout.axes[0].lines]  # tokens-seen panel, held-out loss
+    np.testing.assert_allclose(ends, [table.loc[s, "final_eval_loss"] for s in style.strategies], rtol=1e-9)
+    throughput = figs.throughput(per_run, sweep.steps, style)
+    heights = [patch.get_height() for patch in throughput.axes[1].patches]
+    np.testing.assert_allclose(heights, [table.loc[s, "tokens_per_second"] for s in style.strategies], rtol=1e-9)
+    plt.close("all")

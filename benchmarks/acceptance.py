@@ -70,7 +70,8 @@ def main() -> None:
         f"Drafters trained at the demo's budget: target `{target.get('pretrained') or 'random weights'}` "
         f"({target['num_hidden_layers']} layers, hidden {target['hidden_size']}), drafter "
         f"{drafter['num_hidden_layers']} layers, block {drafter['block_size']}, max_tokens {trainer['max_tokens']}, "
-        f"{trainer['stop_tokens']:,} tokens; real τ from {trainer['eval_real_prompts']} held-out prompts × "
+        + (f"{trainer['stop_tokens']:,} tokens" if trainer["stop_tokens"] is not None
+           else f"{trainer['stop_epochs']:g} epochs") + f"; real τ from {trainer['eval_real_prompts']} held-out prompts × "
         f"{trainer['eval_real_new_tokens']} new tokens. Final evaluation of each run, mean ± s.d. over seeds.\n\n"
         "| strategy | seeds | τ teacher-forced | τ real | real − teacher-forced | speed-up bound | held-out loss |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"

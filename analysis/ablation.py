@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.compare import format_table, strategy_table
 from analysis.figures import STYLE, StrategyStyle
 from analysis.load import order_strategies
 from analysis.stats import MIN_SEEDS, paired_test
+from analysis.summary import md_table
 
 FIXED, EQUAL = "fixed accumulation", "equal-token steps"
 MODES = (FIXED, EQUAL)
@@ -89,10 +91,9 @@ def _interval(diffs: np.ndarray) -> tuple[float, tuple[float, float]]:
     return float(diffs.mean()), paired_test(diffs)[1]
 
 
-def _gap(per_run: pd.DataFrame, metric: str, a: str, b: str, mode: str, seeds: list[int]) -> Gap:
-    diffs = (_values(per_run, a, mode, metric)[seeds] - _values(per_run, b, mode, metric)[seeds]).to_numpy()
-    mean, ci = _interval(diffs)
-    return Gap(metric, a, b, mode, seeds, mean, ci)
+def _diffs(per_run: pd.DataFrame, metric: str, a: str, b: str, mode: str, seeds: list[int]) -> np.ndarray:
+    """m(a) − m(b) in ``mode``, one value per seed of ``seeds``."""
+    return (_values(per_run, a, mode, metric)[seeds] - _values(per_run, b, mode, metric)[seeds]).to_numpy()
 
 
 def step_parts(per_run: pd.DataFrame) -> list[StepPart]:
@@ -102,37 +103,22 @@ def step_parts(per_run: pd.DataFrame) -> list[StepPart]:
         for metric in METRICS:
             seeds = sorted(set.intersection(*(set(_values(per_run, s, m, metric).index) for s in (a, b)
                                               for m in MODES)))
-            fixed = _gap(per_run, metric, a, b, FIXED, seeds)
-            equal = _gap(per_run, metric, a, b, EQUAL, seeds)
-            per_seed = []
-            for seed in seeds:
-                gap_fixed = _values(per_run, a, FIXED, metric)[seed] - _values(per_run, b, FIXED, metric)[seed]
-                gap_equal = _values(per_run, a, EQUAL, metric)[seed] - _values(per_run, b, EQUAL, metric)[seed]
-                per_seed.append(gap_fixed - gap_equal)
-            mean, ci = _interval(np.asarray(per_seed, dtype=float))
+            gaps = {mode: _diffs(per_run, metric, a, b, mode, seeds) for mode in MODES}
+            fixed, equal = (Gap(metric, a, b, mode, seeds, *_interval(gaps[mode])) for mode in MODES)
+            mean, ci = _interval(gaps[FIXED] - gaps[EQUAL])
             parts.append(StepPart(metric, a, b, seeds, mean, ci, fixed, equal))
     return parts
 
 
 def ablation_table(per_run: pd.DataFrame) -> pd.DataFrame:
-    """One row per ablated strategy and mode: seeds, then ``mean ± sd`` of :data:`TABLE_COLUMNS` as strings."""
+    """One row per ablated strategy and mode: strategy, step mode, seeds, then ``mean ± sd`` of
+    :data:`TABLE_COLUMNS` as strings (the main table's formatting, :func:`analysis.compare.format_table`)."""
     rows = []
     for strategy in ablated_strategies(per_run):
         for mode in MODES:
             group = per_run[(per_run["strategy_name"] == strategy) & (per_run["step_mode"] == mode)]
-            row = {"strategy": strategy, "step mode": mode, "seeds": str(len(group))}
-            for column, (heading, fmt) in TABLE_COLUMNS.items():
-                values = group[column].astype(float).dropna() if column in group.columns else pd.Series([], float)
-                if not len(values):
-                    row[heading] = "—"
-                    continue
-                unit = "%" if fmt.endswith("%") else ""
-                cell = fmt.format(values.mean())
-                if len(values) > 1:
-                    decimals = fmt.split(".")[1].split("f")[0] if "." in fmt else "0"
-                    cell += f" ± {values.std(ddof=1):.{decimals}f}{unit}"
-                row[heading] = cell
-            rows.append(row)
+            formatted = format_table(strategy_table(group.assign(strategy=strategy)), columns=TABLE_COLUMNS)
+            rows.append({"strategy": strategy, "step mode": mode, **formatted.drop(columns="strategy").iloc[0]})
     return pd.DataFrame(rows)
 
 
@@ -171,13 +157,15 @@ def ablation_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str
 
 
 def ablation_markdown(per_run: pd.DataFrame) -> str:
-    """The section's text in markdown: the table, then one bullet per sentence (what ``report.md`` holds, and
-    what ``benchmarks/RESULTS.md`` pastes; re-rendered by a test from a stored ``runs.csv``)."""
-    table = ablation_table(per_run)
-    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.values.tolist()]
-    lines += [""] + [f"- {s}" for s in ablation_sentences(per_run, step_parts(per_run))]
-    return "\n".join(lines) + "\n"
+    """The section's text in markdown (what ``report.md`` holds, and what ``benchmarks/RESULTS.md`` pastes;
+    re-rendered by a test from a stored ``runs.csv``)."""
+    return section_markdown(ablation_table(per_run), ablation_sentences(per_run, step_parts(per_run)))
+
+
+def section_markdown(table: pd.DataFrame, sentences: list[str]) -> str:
+    """The table, then one bullet per sentence."""
+    lines = [md_table(list(table.columns), table.astype(str).values.tolist()), ""]
+    return "\n".join(lines + [f"- {s}" for s in sentences]) + "\n"
 
 
 def ablation_figure(per_run: pd.DataFrame) -> Figure:

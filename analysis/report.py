@@ -132,7 +132,6 @@ class AblationSection:
     """The report's step-mode ablation (:mod:`analysis.ablation`), when the sweep ran strategies in both modes."""
     table: pd.DataFrame
     sentences: list[str]
-    markdown: str
     figure: list[Path]
 
 
@@ -147,7 +146,6 @@ def ablation_section(per_run: pd.DataFrame, out_dir: Path, figure_dir: Path) -> 
                    "gap_equal_high": p.equal.ci[1], "step_mode_part": p.mean, "step_mode_part_low": p.ci[0],
                    "step_mode_part_high": p.ci[1]} for p in parts]).to_csv(out_dir / "ablation.csv", index=False)
     return AblationSection(abl.ablation_table(per_run), abl.ablation_sentences(per_run, parts),
-                           abl.ablation_markdown(per_run),
                            figs.save_figure(abl.ablation_figure(per_run), figure_dir, "ablation_steps"))
 
 
@@ -228,7 +226,7 @@ def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, 
         parts += ["", md_table(PAIR_HEADER, rows)]
     if ablation is not None:
         png, svg = ablation.figure
-        parts += ["", f"## {abl.HEADING}", "", ablation.markdown.rstrip("\n")]
+        parts += ["", f"## {abl.HEADING}", "", abl.section_markdown(ablation.table, ablation.sentences).rstrip("\n")]
         parts += ["", f"![{abl.HEADING}](figures/{png.name})", "", f"SVG: [figures/{svg.name}](figures/{svg.name})"]
     parts += ["", "## Figures", ""]
     for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from analysis.load import order_strategies  # noqa: E402
-from results_file import cpu_model, write_section  # noqa: E402
+from results_file import cpu_model, stop_words, write_section  # noqa: E402
 
 TITLE = "## Real against teacher-forced acceptance per strategy (make demo's sweep)"
 
@@ -70,8 +70,7 @@ def main() -> None:
         f"Drafters trained at the demo's budget: target `{target.get('pretrained') or 'random weights'}` "
         f"({target['num_hidden_layers']} layers, hidden {target['hidden_size']}), drafter "
         f"{drafter['num_hidden_layers']} layers, block {drafter['block_size']}, max_tokens {trainer['max_tokens']}, "
-        + (f"{trainer['stop_tokens']:,} tokens" if trainer["stop_tokens"] is not None
-           else f"{trainer['stop_epochs']:g} epochs") + f"; real τ from {trainer['eval_real_prompts']} held-out prompts × "
+        + stop_words(trainer) + f"; real τ from {trainer['eval_real_prompts']} held-out prompts × "
         f"{trainer['eval_real_new_tokens']} new tokens. Final evaluation of each run, mean ± s.d. over seeds.\n\n"
         "| strategy | seeds | τ teacher-forced | τ real | real − teacher-forced | speed-up bound | held-out loss |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"

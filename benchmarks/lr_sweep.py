@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from results_file import cpu_model, write_section  # noqa: E402
+from results_file import cpu_model, stop_words, write_section  # noqa: E402
 
 TITLE = "## Learning rate of the main job (lr sweep, every strategy alike)"
 METRICS = (("eval_loss", "held-out loss", "{:.3f}"), ("eval_tau", "τ", "{:.2f}"),
@@ -94,8 +94,7 @@ def main() -> None:
         + ".\n\n"
         f"Each cell is one run of the main job's settings (`experiment=strategies`: regenerated completions, "
         f"step_tokens={trainer['step_tokens']}, "
-        + (f"{trainer['stop_tokens']:,} tokens" if trainer["stop_tokens"] is not None
-           else f"{trainer['stop_epochs']:g} epochs") + ", warmup "
+        + stop_words(trainer) + ", warmup "
         f"{optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate: held-out loss / "
         f"τ / τ real / share of clipped steps. The learning rate with the lowest mean held-out loss over the "
         f"strategies is chosen for all of them: **{chosen:g}**. The ranking of the strategies "

@@ -30,3 +30,10 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown CPU"
+
+
+def stop_words(trainer: dict) -> str:
+    """A run's stop condition in words, from its resolved ``trainer`` config: "880,890 tokens" or "6 epochs"."""
+    if trainer["stop_tokens"] is not None:
+        return f"{trainer['stop_tokens']:,} tokens"
+    return f"{trainer['stop_epochs']:g} epochs"

@@ -12,17 +12,13 @@ import signal
 import subprocess
 
 
-def stop_group(process: subprocess.Popen, sig: int = signal.SIGKILL, wait_s: float = 30) -> None:
-    """Send ``sig`` to ``process``'s whole process group (started with ``start_new_session=True``) and reap it."""
+def stop_group(process: subprocess.Popen, wait_s: float = 30) -> None:
+    """Kill ``process``'s whole process group (started with ``start_new_session=True``) and reap it."""
     try:
-        os.killpg(process.pid, sig)
+        os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:  # the group has already ended
         pass
-    try:
-        process.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=wait_s)
+    process.wait(timeout=wait_s)
 
 
 def run_process(command, *, cwd, env=None, timeout: float) -> subprocess.CompletedProcess:

@@ -467,22 +467,35 @@ def bucket_fill_model(
 
 
 @njit(cache=True)
-def bucket_recurrence(partners: float, count: int) -> float:
+def bucket_recurrence(partners: float, count: int, pairable: int) -> float:
     """Expected composition recurrence of a bucket of ``count`` samples with ``partners`` micro-batch partners each.
 
-    Shuffled anew each epoch, a sample's partners of the next epoch are a uniform draw from the other
-    ``count - 1`` samples of its bucket, so each of this epoch's partners is among them with
-    probability ``partners / (count - 1)`` (at most 1: a bucket that fits in one micro-batch repeats
-    all its pairs). A bucket whose samples never share a micro-batch (each longer than half the
-    budget) has none (0.0); a bucket of one sample that could share is alone in the same micro-batch
-    every epoch (1.0), so a bound below 1 rules it out.
+    Only the bucket's ``pairable`` samples (at most half the budget long) ever share a micro-batch, and
+    they share with each other only. Shuffled anew each epoch, the bucket's expected pairs,
+    ``count * partners / 2``, fall on any of the ``pairable * (pairable - 1) / 2`` possible pairs alike,
+    so a pair of this epoch is a pair again with probability
+    ``count * partners / (pairable * (pairable - 1))`` (at most 1); when every sample is pairable this is
+    ``partners / (count - 1)``. Spreading the pairs over all ``count`` samples instead undercounts a
+    bucket that straddles half the budget: real plans (tests) show it. A bucket whose samples never
+    share a micro-batch (each longer than half the budget) has none (0.0); a bucket of one sample that
+    could share, or one pairable sample among samples it cannot share with, is alone in the same
+    micro-batch every epoch (1.0), so a bound below 1 rules it out.
     """
     if partners <= 0.0:
         return 0.0
-    if count <= 1:
+    if count <= 1 or pairable <= 1:
         return 1.0
-    recurrence = partners / (count - 1)
+    recurrence = partners * count / (pairable * (pairable - 1.0))
     return recurrence if recurrence < 1.0 else 1.0
+
+
+@njit(cache=True)
+def pairable_count(values: np.ndarray, prefix: np.ndarray, start: int, end: int, max_tokens: int, max_rows: int) -> int:
+    """Samples of the bucket ``values[start..end]`` short enough to share a micro-batch (2 x length <= budget)."""
+    if max_rows < 2:
+        return 0
+    last = _last_at_most(values, start, end, max_tokens // 2)
+    return prefix[last + 1] - prefix[start] if last >= start else 0
 
 
 @njit(cache=True)
@@ -539,7 +552,8 @@ def budget_bucket_costs(
             count = prefix[end + 1] - prefix[start]
             slots, partners = _fill_model(values, prefix, tokens, start, end, max_tokens, max_rows, table, powers,
                                           count / above)
-            if max_recurrence < 1.0 and bucket_recurrence(partners, count) > max_recurrence:
+            if max_recurrence < 1.0 and bucket_recurrence(
+                    partners, count, pairable_count(values, prefix, start, end, max_tokens, max_rows)) > max_recurrence:
                 continue
             cost[a, b] = slots
     return cost

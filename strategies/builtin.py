@@ -120,8 +120,11 @@ class BucketedStrategy(Strategy):
             micro-batch partners each (modelled from the bucket's length histogram) repeats a
             fraction ``partners / (n - 1)`` of its pairs in the next epoch, so it needs
             ``n >= 1 + partners / max_recurrence`` samples (a bucket that fits in one micro-batch
-            repeats all of them; a one-sample bucket is alone in the same micro-batch every epoch). Buckets whose samples get one row each (longer than
-            half the budget) have no pairs and no bound. Without any feasible split the edges
+            repeats all of them; a one-sample bucket is alone in the same micro-batch every epoch).
+            Only samples at most half the budget long can pair; a bucket that straddles half the
+            budget counts its pairs among those (:func:`strategies.edges.modelled_bucket_recurrence`).
+            Buckets whose samples get one row each (longer than half the budget) have no pairs and
+            no bound. Without any feasible split the edges
             fall back to one bucket. Other edge methods and explicit edges ignore it (the plan
             reports the recurrence it gets; ``batchlab-plan`` warns above the bound).
         same_bucket_steps: keep the ``world_size * grad_accum`` micro-batches of a step in one

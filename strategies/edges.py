@@ -35,9 +35,10 @@ Methods:
   the number of distinct lengths; they are paid once per dataset. It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).
   With ``max_recurrence`` (the ``bucketed`` option, default 0.1) a bucket whose modelled
-  composition recurrence ``partners / (samples - 1)`` exceeds the bound costs ``inf``
-  (:func:`strategies._kernels.bucket_recurrence`; a one-sample bucket that could share a
-  micro-batch is alone in the same one every epoch and counts as 1): a minimum
+  composition recurrence (the chance that a pair of one epoch shares a micro-batch again in the next:
+  ``partners / (samples - 1)``, over the samples at most half the budget long when a bucket straddles
+  it) exceeds the bound costs ``inf`` (:func:`strategies._kernels.bucket_recurrence`; a one-sample
+  bucket that could share a micro-batch is alone in the same one every epoch and counts as 1): a minimum
   population per bucket, inside the DP, so the optimum is taken over the feasible splits only (the
   number of buckets then follows the dataset). With no feasible split the DP returns one bucket.
 - ``"dp"`` without a budget, or ``"dp_upper"`` — the budget-free objective
@@ -66,6 +67,7 @@ import numpy as np
 from ._kernels import (
     bucket_fill_model,
     bucket_recurrence,
+    pairable_count,
     budget_bucket_costs,
     dp_bucket_edges,
     dp_over_bucket_costs,
@@ -131,8 +133,10 @@ def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
 def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.ndarray, budget: Budget) -> np.ndarray:
     """Modelled composition recurrence of every non-empty bucket (what ``max_recurrence`` bounds).
 
-    ``partners / (samples - 1)`` (at most 1) with ``partners`` the modelled micro-batch partners
-    of a sample of the bucket (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
+    ``samples x partners / (pairable x (pairable - 1))`` (at most 1; ``partners / (samples - 1)`` when
+    every sample is at most half the budget long) with ``partners`` the modelled micro-batch partners
+    of a sample of the bucket and ``pairable`` its samples that can share a micro-batch
+    (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     edges = np.asarray(edges, dtype=np.int64)
@@ -145,7 +149,8 @@ def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.nd
         if end < start:
             continue
         _, partners = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
-        result.append(bucket_recurrence(partners, int(prefix[end + 1] - prefix[start])))
+        pairable = pairable_count(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        result.append(bucket_recurrence(partners, int(prefix[end + 1] - prefix[start]), pairable))
         start = int(end) + 1
     return np.asarray(result, dtype=np.float64)
 
@@ -236,7 +241,7 @@ def bucket_edges(
             ``"dp_upper"`` always does). Other methods ignore it. A sample longer than
             ``budget.max_tokens`` is rejected.
         max_recurrence: with ``"dp"`` and a budget, the largest modelled composition recurrence
-            of any bucket (``partners / (samples - 1)``, :func:`strategies._kernels.bucket_recurrence`):
+            of any bucket (:func:`modelled_bucket_recurrence`):
             a minimum bucket population enforced inside the DP. None (default here) or >= 1: no
             bound. Other methods ignore it.
     """

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 import analysis_support as support
-from analysis.compare import comparison_sentences, format_table, summary_sentences, strategy_table
+from analysis.compare import comparison_sentences, format_table, strategy_table, summary_sentences, tokens_to_reach
 from analysis.stats import (
     STALL_MAX,
     STEP_SPREAD_MAX,
@@ -83,6 +83,17 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
         assert summary["eval_loss"] == pytest.approx(mine["final_eval_loss"])
         for column in ("grad_diversity", "lag1_acf", "recurrence"):  # one definition of the run's averages
             assert summary[column] == pytest.approx(mine[column], rel=1e-12, abs=1e-15), column
+
+
+def test_tokens_to_reach_is_the_first_evaluation_at_or_below_the_target():
+    history = pd.DataFrame({"step": [4, 1, 2, 3, 5], "tokens_seen": [400, 100, 200, 300, 500],
+                            "eval_loss": [1.0, np.nan, 2.0, 1.5, 0.9]})  # out of order; step 1 not evaluated
+    assert tokens_to_reach(history, 1.5) == 300  # reached at step 3, although steps 4 and 5 are lower
+    assert tokens_to_reach(history, 2.0) == 200
+    assert tokens_to_reach(history, 0.9) == 500  # equal counts as reached
+    assert math.isnan(tokens_to_reach(history, 0.5))  # never
+    assert math.isnan(tokens_to_reach(history, math.nan))
+    assert math.isnan(tokens_to_reach(history.drop(columns="eval_loss"), 1.0))
 
 
 def test_student_t_matches_the_tables():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +62,38 @@ def test_regenerated_dataset(tmp_path, decoder):
 def test_cli_parser_defaults():
     args = build_parser().parse_args(["--max-new-tokens", "8", "--temperature", "0.7"])
     assert args.max_new_tokens == 8 and args.temperature == 0.7 and args.source == "stdlib"
+
+
+@pytest.mark.parametrize("decoder", ["hf", "recompute"])
+def test_sampled_regeneration_draws_from_the_targets_tempered_distribution(decoder):
+    """``--temperature T``: the first tokens of many copies of one prompt follow softmax(logits / T)
+    (chi-square over the tokens expected 5+ times, at the 0.05% level); the draws repeat with the seed
+    and change with another one."""
+    from harness.eval.regenerate import decode_rows
+    from harness.models.layout import TokenBatch
+
+    torch.manual_seed(0)
+    target = HybridTarget(TINY)
+    prompt, draws, temperature = [5, 6, 7, 8], 4000, 0.7
+    with torch.no_grad():
+        hidden = target(TokenBatch.from_documents([torch.tensor(prompt)], "padded"),
+                        tap_layer_ids=[target.num_layers - 1]).hidden_states[0][0, -1]
+        probabilities = torch.softmax(target.lm_head(target.model.norm(hidden)).double() / temperature, dim=-1).numpy()
+    settings = RegenerateSettings(max_new_tokens=1, temperature=temperature, seed=3)
+    tokens = [row[0] for row in decode_rows(target, [prompt] * draws, [1] * draws, settings, batch_size=draws,
+                                            decoder=decoder)]
+    observed = np.bincount(tokens, minlength=probabilities.size).astype(np.float64)
+    expected = draws * probabilities
+    bins = expected >= 5
+    observed = np.append(observed[bins], observed[~bins].sum())
+    expected = np.append(expected[bins], expected[~bins].sum())
+    chi_square = float(((observed - expected) ** 2 / expected).sum())
+    dof = observed.size - 1
+    critical = dof * (1 - 2 / (9 * dof) + 3.29 * math.sqrt(2 / (9 * dof))) ** 3  # Wilson-Hilferty, p = 0.0005
+    greedy = int(np.argmax(probabilities))
+    assert chi_square < critical, (chi_square, critical, dof)
+    assert 0 < tokens.count(greedy) < draws  # sampled, not greedy
+    again = decode_rows(target, [prompt] * 50, [4] * 50, settings, batch_size=50, decoder=decoder)
+    assert again == decode_rows(target, [prompt] * 50, [4] * 50, settings, batch_size=50, decoder=decoder)
+    other = RegenerateSettings(max_new_tokens=1, temperature=temperature, seed=4)
+    assert again != decode_rows(target, [prompt] * 50, [4] * 50, other, batch_size=50, decoder=decoder)

@@ -165,6 +165,70 @@ def test_oracle_reaches_acceptance_block_size_and_random_about_one(models):
     assert random_metrics["eval_prompts"] == 8
 
 
+class VaryingOracle(OracleDrafter):
+    """The oracle whose first wrong draft sits at slot ``anchor % B`` (none when that is ``B - 1``):
+    every gain from 1 to B occurs."""
+
+    def forward(self, batch, target_hidden_states, anchors):
+        output = super().forward(batch, target_hidden_states, anchors)
+        for doc, anchor in enumerate(anchors):
+            spoil = int(anchor[0]) % self.block_size
+            if spoil < self.block_size - 1:
+                output.logits[doc, spoil] = output.logits[doc, spoil].roll(1)
+        return output
+
+
+def independent_gains(target, drafter, prompt, max_new_tokens):
+    """Tokens gained per verification forward, decoded independently of harness.eval: the drafts of each
+    round from a fresh target forward of the sequence so far (features before the anchor, zeros after),
+    scored against plain greedy decoding's continuation (not against the verification forward)."""
+    block, taps = drafter.block_size, list(drafter.target_layer_ids)
+    greedy = greedy_decode(target, prompt, max_new_tokens + block)
+    produced, gains = 1, []  # the prefill gives the first token
+    with torch.no_grad():
+        while produced < max_new_tokens:
+            sequence = list(prompt) + greedy[:produced]
+            anchor = len(sequence) - 1
+            features = target(TokenBatch.from_documents([torch.tensor(sequence)], "padded"),
+                              tap_layer_ids=taps).hidden_states
+            document = torch.tensor(sequence + [7] * (block - 1))
+            visible = []
+            for layer in features:
+                padded = layer.new_zeros((1, document.numel(), layer.shape[-1]))
+                padded[0, :anchor] = layer[0, :anchor]
+                visible.append(padded)
+            logits = drafter(TokenBatch.from_documents([document], "padded"), visible,
+                             anchors=[torch.tensor([anchor])]).logits
+            drafts = logits.argmax(dim=-1)[0].tolist()
+            matched = 0
+            while matched < block - 1 and drafts[matched] == greedy[produced + matched]:
+                matched += 1
+            gain = min(matched + 1, max_new_tokens - produced)
+            gains.append(gain)
+            produced += gain
+    return gains
+
+
+def test_real_acceptance_equals_an_independent_decode(models):
+    """tau_real and its histogram from the decoder's own bookkeeping equal the gains of an independent
+    decode, for the random drafter (gains of 1 and 2) and for a drafter right on a varying prefix of each
+    block (gains from 1 to B)."""
+    target, drafter = models
+    drafter.eval()
+    block = drafter.block_size
+    prompts = random_prompts(4, seed=21)
+    for candidate in (drafter, VaryingOracle(target, block, drafter.target_layer_ids)):
+        per_prompt = [independent_gains(target, candidate, prompt, 20) for prompt in prompts]
+        for prompt, expected in zip(prompts, per_prompt):
+            assert speculative_decode(target, candidate, prompt, 20).accepted_per_forward == expected
+        gains = [g for expected in per_prompt for g in expected]
+        metrics = evaluate_acceptance(target, candidate, prompts, max_new_tokens=20)
+        assert metrics["eval_tau_real"] == pytest.approx(np.mean(gains), rel=1e-12)
+        assert metrics["eval_tau_real_hist"] == np.bincount(gains, minlength=block + 1)[1:].tolist()
+        assert metrics["eval_speedup_bound"] == pytest.approx(len(prompts) * 20 / (len(prompts) + len(gains)))
+    assert min(gains) == 1 and max(gains) == block and len(set(gains)) >= block // 2  # short to full
+
+
 # ---------------------------------------------------------------------- visibility at decode time
 def test_decode_time_block_sees_only_the_context_before_its_anchor(models):
     """The decode-time document (sequence + placeholders, zero features from the anchor on) drafts

@@ -183,7 +183,17 @@ def test_a_clear_difference_survives_holm_and_a_tie_does_not():
     m = 9  # Holm's thresholds run over the whole family
     assert min(t.threshold for t in tests) == pytest.approx(0.05 / m)
     frame = comparisons_frame(tests)
-    assert len(frame) == 9 and frame["survives"].sum() == 2 and {"p_holm", "holm_threshold"} <= set(frame.columns)
+    assert list(frame.columns) == ["metric", "strategy_a", "strategy_b", "seeds", "mean_difference", "sd_difference",
+                                   "ci_low", "ci_high", "p_value", "holm_threshold", "p_holm", "survives", "tested",
+                                   "not_tested_because"]
+    assert len(frame) == 9 and frame["survives"].sum() == 2
+    for (_, row), test in zip(frame.iterrows(), tests):  # every row is its own test's numbers, under its own name
+        assert (row["metric"], row["strategy_a"], row["strategy_b"], row["seeds"]) == (test.metric, test.a, test.b, 5)
+        assert (row["mean_difference"], row["sd_difference"], row["ci_low"], row["ci_high"]) == (
+            test.mean_diff, test.sd_diff, test.ci[0], test.ci[1])
+        assert (row["p_value"], row["holm_threshold"], row["p_holm"], row["survives"], row["tested"]) == (
+            test.p_value, test.threshold, test.p_holm, test.survives, test.tested)
+    assert (frame["p_holm"] > frame["p_value"]).any()  # the adjusted column is not the raw one
     table = strategy_table(per_run)
     lines = summary_sentences(table, tests, timing)
     assert lines[0].startswith("packed has the highest throughput") and "1.00× sorted" in lines[0]

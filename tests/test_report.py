@@ -236,7 +236,8 @@ def test_the_readme_result_block_is_the_demo_reports_summary():
 
 def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
     """The frontier's strategy points are strategies.csv's means; the held-out curves end at its final held-out
-    loss; the throughput bars are its real tokens/s (figures drawn from the sweep, compared with the csv)."""
+    loss; the padding and throughput bars are its padding and real tokens/s; the step-time split is each stage's
+    mean over the steps in metrics.jsonl (figures drawn from the sweep, compared with the csv and the histories)."""
     import matplotlib.pyplot as plt
 
     from analysis import figures as figs
@@ -256,6 +257,20 @@ def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
     ends = [line.get_ydata()[-1] for line in heldout.axes[0].lines]  # tokens-seen panel, held-out loss
     np.testing.assert_allclose(ends, [table.loc[s, "final_eval_loss"] for s in style.strategies], rtol=1e-9)
     throughput = figs.throughput(per_run, sweep.steps, style)
-    heights = [patch.get_height() for patch in throughput.axes[1].patches]
-    np.testing.assert_allclose(heights, [table.loc[s, "tokens_per_second"] for s in style.strategies], rtol=1e-9)
+    for ax, column in zip(throughput.axes[:2], ("padding_pct", "tokens_per_second")):
+        heights = [patch.get_height() for patch in ax.patches]
+        np.testing.assert_allclose(heights, [table.loc[s, column] for s in style.strategies], rtol=1e-9, atol=1e-12,
+                                   err_msg=column)
+    # the step-time split: each stage's bar is its mean over every step of the strategy's runs, read from
+    # metrics.jsonl here (not through analysis.load), in ms
+    steps_by_strategy = {}
+    for directory in support.run_dirs(sweep_dir):
+        strategy = json.loads((directory / "summary.json").read_text())["strategy"]
+        steps_by_strategy.setdefault(strategy, []).extend(support.read_jsonl(directory / "metrics.jsonl"))
+    stages = [column for column, *_ in figs.STAGES]
+    widths = np.array([patch.get_width() for patch in throughput.axes[2].patches]).reshape(len(stages), -1)
+    for stage, row in zip(stages, widths):
+        expected = [1000 * np.mean([s[stage] for s in steps_by_strategy[name] if s.get(stage) is not None])
+                    for name in style.strategies]
+        np.testing.assert_allclose(row, expected, rtol=1e-9, err_msg=stage)
     plt.close("all")

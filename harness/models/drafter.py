@@ -18,12 +18,14 @@ checkpoints map one to one):
   ``1 .. B-1``; slot ``k`` predicts the token at ``a + k`` (:mod:`harness.models.anchors`).
 
 The drafter works per document: a padded batch, a packed row and each document alone give the same
-blocks and the same numbers. Two attention paths compute the same thing (``attention_backend``):
-``dense`` (the CPU default) runs one document at a time, so memory grows with the largest
-document's ``blocks x context`` scores, never with a packed row's ``T x T`` (docs/design.md §8);
+blocks and the same numbers. Three attention paths compute the same thing (``attention_backend``):
+``sdpa`` (the CPU default) makes one fused ``scaled_dot_product_attention`` call per chunk of a
+document's blocks with the visibility rule as a mask: no score matrix is kept for the backward, so
+memory stays flat in a document's ``blocks x context``; ``dense`` writes the rule out with einsums
+one document at a time (the reference: its stored scores grow with the largest document's
+``blocks x context``, gigabytes for one 8K-token document with 512 anchors; docs/design.md §8);
 ``flex`` (the CUDA default) is one FlexAttention call with a block mask of the visibility rule,
-fused on CUDA so that no score matrix is stored at all (at 27B scale the dense scores of one
-8K-token document with 512 anchors would take gigabytes).
+fused on CUDA.
 
 **Training path.** :class:`~harness.models.drafter_inputs.DrafterInputs` is built on the host (in the
 DataLoader's collate) and moved with one ``non_blocking`` copy; :meth:`DFlashDrafter.forward_prepared`
@@ -58,6 +60,7 @@ from harness.models.drafter_attention import (
     _SharedLayerInputs,
     block_attention_mask,
     document_slices,
+    sdpa_chunks,
 )
 from harness.models.drafter_config import (
     DRAFTER_ATTENTION_BACKENDS,
@@ -190,19 +193,19 @@ class DFlashDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def attention_backend(self, device: torch.device) -> str:
-        """The attention path on ``device``: ``flex`` (CUDA default) or ``dense`` (CPU default).
+        """The attention path on ``device``: ``flex`` (CUDA default), ``sdpa`` (default elsewhere) or
+        ``dense`` (the reference).
 
-        ``auto`` keeps the dense path for head dims under 16, which FlexAttention's CUDA kernel does
-        not take.
+        ``auto`` keeps ``sdpa`` for head dims under 16, which FlexAttention's CUDA kernel does not take.
         """
         backend = self.config.attention_backend
         if backend == "auto":
-            return "flex" if device.type == "cuda" and self.config.head_dim >= 16 else "dense"
+            return "flex" if device.type == "cuda" and self.config.head_dim >= 16 else "sdpa"
         if (backend == "flex" and device.type != "cuda" and torch.is_grad_enabled()
                 and any(p.requires_grad for p in self.parameters())):
             raise ValueError(
                 f"attention_backend='flex' cannot train on {device.type}: FlexAttention has no backward "
-                "off CUDA; use attention_backend 'dense' (or 'auto'), or run under torch.no_grad()"
+                "off CUDA; use attention_backend 'sdpa' (or 'auto'), or run under torch.no_grad()"
             )
         return backend
 
@@ -297,14 +300,16 @@ class DFlashDrafter(nn.Module):
         documents, layout = inputs.documents, inputs.layout
         context = self.fuse_context(documents, states)
         hidden = self.embed(inputs.block_input_ids).to(self.fc.weight.dtype)
-        use_flex = self.attention_backend(context.device) == "flex" and layout.num_blocks > 0
+        backend = self.attention_backend(context.device)
+        use_flex = backend == "flex" and layout.num_blocks > 0
         shared = _SharedLayerInputs(
             context=context,
             context_rope=tuple(r[0] for r in self.rotary_emb(context, inputs.context_positions[None])),
             block_rope=self.rotary_emb(hidden, layout.slot_positions()),
-            documents=[] if use_flex else document_slices(layout, inputs.dense_slices),
+            documents=document_slices(layout, inputs.dense_slices) if backend == "dense" else [],
             keep=layout.keep,
             block_mask=block_attention_mask(documents, layout, context.device) if use_flex else None,
+            chunks=sdpa_chunks(layout, inputs.dense_slices, context.dtype) if backend == "sdpa" else None,
         )
         for layer in self.layers:
             hidden = layer(hidden, shared)

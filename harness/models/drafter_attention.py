@@ -2,9 +2,11 @@
 
 Q comes from the block only; K and V are the same ``k_proj`` / ``v_proj`` (with ``k_norm`` on K) over
 [context ; block]. A block sees the context strictly before its anchor within its own document and
-all slots of its own block; blocks never see each other, and padding blocks see nothing. Two paths
-compute the same thing: ``dense`` (one document at a time, host-int slices) and ``flex`` (one
-FlexAttention call with :func:`block_attention_mask`). See :mod:`harness.models.drafter`.
+all slots of its own block; blocks never see each other, and padding blocks see nothing. Three paths
+compute the same thing: ``sdpa`` (fused ``scaled_dot_product_attention`` over chunks of a document's
+blocks, the CPU default), ``dense`` (the rule written out with einsums, one document at a time: the
+reference) and ``flex`` (one FlexAttention call with :func:`block_attention_mask`, the CUDA default).
+See :mod:`harness.models.drafter`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, rotate_half
@@ -38,6 +41,24 @@ class _DocumentSlice:
     visible: torch.Tensor  # [nb, context_len] bool
 
 
+#: queries (block slots) per fused attention call of the ``sdpa`` path: a document's blocks are cut into
+#: chunks of ``SDPA_CHUNK_SLOTS // B`` consecutive blocks (anchors ascend within a document), each seeing
+#: its document's context up to the chunk's last anchor. Smaller chunks skip more of the masked
+#: context and own-block keys of other blocks, larger ones make fewer calls: 256-1024 measure alike on an
+#: 8K-token document (hidden 1024, block 16; 128 and 2048 are 25% slower). One call per block (no mask)
+#: is 3x slower: the fused kernel wants many queries per call.
+SDPA_CHUNK_SLOTS = 512
+
+
+@dataclass(frozen=True)
+class _SdpaChunk:
+    """Consecutive blocks of one document for one fused attention call."""
+
+    blocks: slice  # rows of the block tensors
+    context: slice  # rows of the flat context: the document's positions before the chunk's last kept anchor
+    mask: torch.Tensor  # [n * B, context + n * B] additive: 0 where a slot sees a key, -inf elsewhere
+
+
 @dataclass(frozen=True)
 class _SharedLayerInputs:
     """What every drafter layer reads besides the block hidden states: the fused context and the layout."""
@@ -48,6 +69,7 @@ class _SharedLayerInputs:
     documents: list[_DocumentSlice]  # documents that hold at least one block, in block order
     keep: torch.Tensor  # [NB] bool, False for padding blocks
     block_mask: Any = None  # FlexAttention BlockMask over [blocks x (context ; blocks)]; None: dense path
+    chunks: list[_SdpaChunk] | None = None  # the sdpa path's calls, in block order; None: another path
 
 
 def document_slices(layout: BlockLayout, dense_slices: Sequence[DenseSlice]) -> list[_DocumentSlice]:
@@ -63,6 +85,37 @@ def document_slices(layout: BlockLayout, dense_slices: Sequence[DenseSlice]) -> 
             )
         )
     return slices
+
+
+def sdpa_chunks(layout: BlockLayout, dense_slices: Sequence[DenseSlice], dtype: torch.dtype,
+                chunk_slots: int | None = None) -> list[_SdpaChunk]:
+    """The ``sdpa`` path's calls: every document's blocks in chunks, each with its key mask.
+
+    Reads the anchors back to the host once (free on CPU, the path's home; on CUDA ``flex`` is the
+    default). Slot ``q`` of block ``n`` sees context position ``t < anchor[n]`` and the ``B`` slots of
+    block ``n``; a padding block sees its own slots only (never an empty row, which fused kernels turn
+    into NaN) and its output is zeroed afterwards, as the dense path's is.
+    """
+    block_size = layout.block_size
+    per_chunk = max(1, int(SDPA_CHUNK_SLOTS if chunk_slots is None else chunk_slots) // block_size)
+    anchors = torch.where(layout.keep, layout.anchor, 0).tolist()
+    chunks = []
+    for piece in dense_slices:
+        for start in range(piece.block_start, piece.block_stop, per_chunk):
+            rows = slice(start, min(start + per_chunk, piece.block_stop))
+            count = rows.stop - rows.start
+            context_length = max(anchors[rows])
+            device = layout.anchor.device
+            sees_context = context_visible(layout.anchor[rows], layout.keep[rows], context_length)
+            block_of_slot = torch.arange(count, device=device).repeat_interleave(block_size)
+            own_block = block_of_slot[:, None] == block_of_slot[None, :]
+            visible = torch.cat([sees_context.repeat_interleave(block_size, dim=0), own_block], dim=1)
+            # additive, in the attention's dtype: SDPA would turn a bool mask into one per call (per layer)
+            # and keep each for the backward; this one tensor serves every layer
+            mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
+            context = slice(piece.context_start, piece.context_start + context_length)
+            chunks.append(_SdpaChunk(blocks=rows, context=context, mask=mask))
+    return chunks
 
 
 class DFlashAttention(nn.Module):
@@ -98,6 +151,9 @@ class DFlashAttention(nn.Module):
         if shared.block_mask is not None:
             attended = self._flex(q, k_block, v_block, k_context, v_context, shared.block_mask)
             return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
+        if shared.chunks is not None:
+            attended = self._sdpa(q, k_block, v_block, k_context, v_context, shared.chunks, keep)
+            return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
         # [NB, B, H, d] -> [NB, B, H_kv, groups, d]: query heads grouped by the key/value head they share.
         q = q.view(num_blocks, block_size, self.num_kv_heads, groups, self.head_dim) * self.scaling
         # Written by hand rather than with SDPA: each block attends to [its document's context prefix ;
@@ -127,6 +183,31 @@ class DFlashAttention(nn.Module):
         else:
             attended = q.new_zeros(q.shape)
         return self.o_proj(attended.reshape(num_blocks, block_size, self.num_heads * self.head_dim))
+
+    def _sdpa(self, q: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor, k_context: torch.Tensor,
+              v_context: torch.Tensor, chunks: Sequence[_SdpaChunk], keep: torch.Tensor) -> torch.Tensor:
+        """The same attention as fused ``scaled_dot_product_attention`` calls, one per chunk of a document's
+        blocks (:func:`sdpa_chunks`): queries are the chunk's slots, keys/values [its context ; its slots].
+        The fused kernels (CPU flash included) keep no score matrix for the backward, so memory stays
+        flat in a document's blocks x context where the dense path stores them (benchmarks/drafter_step.py).
+        """
+        num_blocks, block_size = q.shape[:2]
+        outputs = []
+        for chunk in chunks:
+            rows, count = chunk.blocks, chunk.blocks.stop - chunk.blocks.start
+            queries = q[rows].reshape(count * block_size, self.num_heads, self.head_dim).transpose(0, 1)[None]
+            keys = torch.cat([k_context[chunk.context],
+                              k_block[rows].reshape(count * block_size, self.num_kv_heads, self.head_dim)])
+            values = torch.cat([v_context[chunk.context],
+                                v_block[rows].reshape(count * block_size, self.num_kv_heads, self.head_dim)])
+            out = F.scaled_dot_product_attention(queries, keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                                                 attn_mask=chunk.mask, scale=self.scaling,
+                                                 enable_gqa=self.num_heads != self.num_kv_heads)
+            outputs.append(out[0].transpose(0, 1).reshape(count, block_size, self.num_heads, self.head_dim))
+        if not outputs:
+            return q.new_zeros(q.shape)
+        attended = torch.cat(outputs, dim=0)
+        return attended * keep[:, None, None, None].to(attended.dtype)  # padding blocks: exactly 0, as dense
 
     def _flex(self, q: torch.Tensor, k_block: torch.Tensor, v_block: torch.Tensor, k_context: torch.Tensor,
               v_context: torch.Tensor, block_mask: Any) -> torch.Tensor:

@@ -15,7 +15,7 @@ import yaml
 from harness.models.drafter_loss import resolve_loss_decay_gamma
 
 
-DRAFTER_ATTENTION_BACKENDS = ("auto", "dense", "flex")
+DRAFTER_ATTENTION_BACKENDS = ("auto", "sdpa", "dense", "flex")
 
 
 @dataclass
@@ -37,7 +37,7 @@ class DrafterConfig:
     loss_decay_gamma: float | None = None  # None: 7 for B=16, 5 for B=10, 4 for B=8
     mask_token_id: int | None = None  # None: add a MASK token (id = target vocab size)
     target_layer_ids: list[int] | None = None  # None: build_target_layer_ids(n_target, num_hidden_layers)
-    attention_backend: str = "auto"  # auto: flex on CUDA, dense elsewhere (see DFlashAttention)
+    attention_backend: str = "auto"  # auto: flex on CUDA, sdpa elsewhere; dense: the reference (see DFlashAttention)
     initializer_range: float = 0.02
     # Memory bounds of one micro-batch. max_blocks caps the blocks of a micro-batch (None: no cap);
     # the kept ones are those with the smallest anchor keys over the micro-batch (drafter_inputs.py).

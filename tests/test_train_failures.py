@@ -196,6 +196,33 @@ def test_status_cli_prints_every_rank(tmp_path):
     assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40, [\d.]+ s ago", out), out
 
 
+def test_status_says_how_a_run_ended(tmp_path):
+    """A rank whose process is gone reads as failed (with its one-line error) when it left an error record,
+    as stopped otherwise; a live one reads as where it is; a finished run as finished."""
+    import json
+
+    from harness.train.status import rank_lines
+
+    code = ("import sys; from harness.train.status import RankStatus; "
+            "s = RankStatus(sys.argv[1], int(sys.argv[2])); s.stage('setup', 0); s.close()")
+    for rank in (0, 1):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path), str(rank)], check=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+    with RankStatus(tmp_path, 2) as status:  # this process: alive
+        status.stage("drafter_forward", 7)
+    (tmp_path / "status" / "rank0.error.json").write_text(json.dumps(
+        {"error": "ValueError: data.source 'nope.jsonl' does not exist", "time": time.time() + 1, "status": None}))
+    lines = rank_lines(tmp_path)
+    assert re.match(r"rank 0 \(pid \d+\) failed in stage 'setup' of step 0: ValueError: data.source 'nope.jsonl' "
+                    r"does not exist \(traceback: .*rank0.traceback\)", lines[0]), lines
+    assert re.match(r"rank 1 \(pid \d+\) stopped in stage 'setup' of step 0, [\d.]+ s ago; its process is gone",
+                    lines[1]), lines
+    assert re.match(r"rank 2 \(pid \d+\) in stage 'drafter_forward' of step 7, [\d.]+ s ago$", lines[2]), lines
+    (tmp_path / "status" / "rank0.error.json").unlink()
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete"}))
+    assert all(" finished (complete) " in line for line in rank_lines(tmp_path)), rank_lines(tmp_path)
+
+
 def test_malformed_test_failure_spec_is_refused(monkeypatch):
     from harness.train.faults import failure_spec as _test_failure
 

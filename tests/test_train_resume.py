@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def test_killed_run_resumes_exactly(tmp_path, reference):
     assert not (killed / "summary.json").exists()
     resumed = train_cli([*ARGS, f"hydra.run.dir={killed}"], cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert re.search(r"resuming from step \d+ \([\d,]+ tokens, epoch \d+\)", resumed.stdout), resumed.stdout[-2000:]
     _assert_same_run(reference, killed)
 
 
@@ -119,3 +121,35 @@ def test_resume_on_other_data_is_refused_by_the_plan_fingerprint(tmp_path, batch
     with pytest.raises(FingerprintMismatch) as refused:
         run({**config, "trainer": {**config["trainer"], "stop_tokens": 600}}, run_dir)
     assert "lengths_sha256" in str(refused.value) and "data_fingerprint" in str(refused.value)
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, batchlab_cache):
+    """A typo in data.source fails the run; the same command, corrected, runs in its place. A rerun with other
+    settings over the finished run is refused with exit status 2 and one line, and leaves the directory as it
+    was (Hydra's .hydra/*.yaml put back, config.json and the metrics untouched)."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": list(range(2, 40 + i))}) + "\n" for i in range(40)))
+    run_dir = tmp_path / "run"
+    base = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
+            "data.max_documents=null", "data.vocab_size=300", "trainer.max_tokens=256", "trainer.stop_tokens=600",
+            "trainer.eval_real_prompts=0", f"hydra.run.dir={run_dir}"]
+    failed = train_cli([*base, f"data.source={tmp_path / 'nope.jsonl'}"], cwd=tmp_path)
+    assert failed.returncode != 0 and (run_dir / "config.json").exists()
+    corrected = train_cli([*base, f"data.source={data}"], cwd=tmp_path)
+    assert corrected.returncode == 0, corrected.stderr[-3000:]
+    assert "held a run that stopped before its first checkpoint (data.source: " in corrected.stdout, corrected.stdout
+    closing = re.search(r"complete after (\d+) steps, ([\d,]+) tokens, \d+ s: held-out loss ([\d.]+), τ ([\d.]+), "
+                        r"τ real n/a, ([\d,]+) real tokens/s\n  results: (\S+); report: batchlab-report", corrected.stdout)
+    assert closing, corrected.stdout[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (int(closing[1]), int(closing[2].replace(",", ""))) == (summary["steps"], summary["tokens_seen"])
+    assert float(closing[3]) == pytest.approx(summary["eval_loss"], abs=5e-5) and closing[6] == str(run_dir / "summary.json")
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
+    kept = {path.name: path.read_text() for path in [run_dir / "config.json", run_dir / "metrics.jsonl",
+                                                     *(run_dir / ".hydra").glob("*.yaml")]}
+    refused = train_cli([*base, f"data.source={data}", "seed=1"], cwd=tmp_path)
+    assert refused.returncode == 2, (refused.returncode, refused.stderr[-3000:])
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "holds a run with other settings (" in lines[0] and "seed: 0 -> 1" in lines[0], refused.stderr
+    assert {name: (run_dir / ("" if name.endswith(".json") or name.endswith(".jsonl") else ".hydra") / name).read_text()
+            for name in kept} == kept

@@ -12,7 +12,9 @@ Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, `
 
 from __future__ import annotations
 
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -23,13 +25,48 @@ from harness.train.config import CONF_DIR, register_schemas, resolved_dict
 register_schemas()
 
 
+#: where the Hydra files of the run a directory holds are kept, inside Hydra's output subdir: Hydra rewrites
+#: ``.hydra/*.yaml`` before the job starts, so a refused rerun puts these back
+ACCEPTED_HYDRA_DIR = "accepted"
+
+
+def _keep_hydra_files(hydra_dir: Path) -> None:
+    """Copy this run's ``.hydra/*.yaml`` aside: the files of the run the directory holds."""
+    if not hydra_dir.is_dir():
+        return
+    kept = hydra_dir / ACCEPTED_HYDRA_DIR
+    kept.mkdir(exist_ok=True)
+    for path in hydra_dir.glob("*.yaml"):
+        shutil.copy2(path, kept / path.name)
+
+
+def _restore_hydra_files(hydra_dir: Path) -> bool:
+    """Put back the ``.hydra/*.yaml`` of the run the directory holds (False when none were kept)."""
+    kept = hydra_dir / ACCEPTED_HYDRA_DIR
+    if not kept.is_dir():
+        return False
+    for path in kept.glob("*.yaml"):
+        shutil.copy2(path, hydra_dir / path.name)
+    return True
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from harness.train.run import RankFailed, run
+    from harness.train.run import RankFailed, RunDirectoryInUse, claim_run_dir, run
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    hydra_config = HydraConfig.get()
+    run_dir = hydra_config.runtime.output_dir
+    hydra_dir = Path(run_dir) / (hydra_config.output_subdir or ".hydra")
+    config_dict = resolved_dict(cfg)
     try:
-        summary = run(resolved_dict(cfg), run_dir)
+        claim_run_dir(config_dict, Path(run_dir), bool(config_dict["trainer"]["resume"]), announce=False)
+        _keep_hydra_files(hydra_dir)
+        summary = run(config_dict, run_dir)
+    except RunDirectoryInUse as refused:  # bad input: one message, the directory as it was
+        restored = _restore_hydra_files(hydra_dir)
+        print(f"batchlab-train: {refused}" + ("" if restored else f" ({hydra_dir} now shows the refused settings; "
+              "config.json holds the run's)"), file=sys.stderr, flush=True)
+        sys.exit(2)
     except RankFailed as failed:  # the message says it all (rank, stage, step, the checkpoint); no traceback
         print(f"batchlab-train: {failed}", file=sys.stderr, flush=True)
         sys.exit(1)

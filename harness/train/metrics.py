@@ -61,6 +61,9 @@ class JsonlSink:
             self.path.unlink()  # a fresh run in a reused directory starts a fresh file
         self._file = self.path.open("a")
 
+    def location(self) -> str:
+        return str(self.run_dir / SUMMARY_FILE)
+
     def log(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(json_value(record), sort_keys=True) + "\n")
         self._file.flush()
@@ -141,6 +144,10 @@ class WandbSink:
                     self.run.summary[key] = value
         self._guard("summary", write)
 
+    def location(self) -> str:
+        url = getattr(self.run, "url", None)
+        return f"W&B {url}" if url else f"W&B offline run in {Path(self.run.dir).parent} (wandb sync to upload)"
+
     def close(self, failed: bool = False) -> None:
         """Finish the W&B run (marked failed, exit code 1, when the rank failed)."""
         self._guard("finish", lambda: self.run.finish(exit_code=1 if failed else 0))
@@ -163,6 +170,10 @@ class MetricLogger:
     def summary(self, values: dict[str, Any]) -> None:
         for sink in self.sinks:
             sink.summary(values)
+
+    def locations(self) -> list[str]:
+        """Where each sink keeps the run (a file, a W&B URL or offline directory)."""
+        return [sink.location() for sink in self.sinks if hasattr(sink, "location")]
 
     def close(self, failed: bool = False) -> None:
         sinks, self.sinks = self.sinks, []

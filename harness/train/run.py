@@ -2,8 +2,10 @@
 
 :func:`run` is what ``batchlab-train`` calls with the resolved config; :func:`run_rank` is the
 function every rank executes (the job itself on one rank, or each process torch elastic starts).
-A run directory belongs to one run: rerunning a complete run there is a no-op (so a rerun sweep
-resumes where it stopped), and a directory that holds a run with other settings is refused.
+A run directory belongs to one run once it has a checkpoint or a complete summary: rerunning a complete
+run there is a no-op (so a rerun sweep resumes where it stopped), and a directory that holds such a run
+with other settings is refused; a run that failed before its first checkpoint claims nothing (the same
+command, corrected, runs in its place).
 
 A rank that fails (an exception, a signal, out of memory) ends the job: torch elastic's agent stops the
 other ranks and raises ``ChildFailedError``; :func:`run` turns it into :class:`RankFailed`, which names the
@@ -236,24 +238,46 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
     return RankFailed(message, rank, failure.exitcode, status and status["stage"], status and status["step"])
 
 
+def claimed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run worth keeping: a checkpoint to resume from, or a complete summary. A run
+    that failed before its first checkpoint (a typo in ``data.source``, an empty file) claims nothing."""
+    from harness.train.checkpoint import latest_checkpoint
+
+    done = run_dir / "summary.json"
+    return latest_checkpoint(run_dir) is not None or (
+        done.exists() and json.loads(done.read_text()).get("status") == "complete")
+
+
+def claim_run_dir(config_dict: dict[str, Any], run_dir: Path, resume: bool = True, announce: bool = True) -> None:
+    """Refuse ``run_dir`` (:class:`RunDirectoryInUse`, before anything is written) when it holds a claimed run
+    (:func:`claimed`) with other settings; a run that never got that far is replaced, and said so (``announce``)."""
+    previous = run_dir / "config.json"
+    if not (previous.exists() and resume):
+        return
+    differences = config_differences(json.loads(previous.read_text()), config_dict)
+    if not differences:
+        return
+    if claimed(run_dir):
+        raise RunDirectoryInUse(
+            f"{run_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would mix "
+            "two runs. Choose another hydra.run.dir, or set trainer.resume=false to start over in it"
+        )
+    if announce:
+        print(f"batchlab-train: {run_dir} held a run that stopped before its first checkpoint "
+              f"({'; '.join(differences)}); this run takes its place", flush=True)
+
+
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """A whole run from a resolved config: validate, build the data cache once, start the ranks, train."""
     config = run_config_from_dict(config_dict)  # fail here, before any process starts
     config_dict = _with_regenerated_completions(config, config_dict)
     config = run_config_from_dict(config_dict)
     run_dir = Path(run_dir)
-    previous = run_dir / "config.json"
-    if previous.exists() and config.trainer.resume:
-        differences = config_differences(json.loads(previous.read_text()), config_dict)
-        if differences:
-            raise RunDirectoryInUse(
-                f"{run_dir} holds a run with other settings ({'; '.join(differences)}); resuming it would mix "
-                "two runs. Choose another hydra.run.dir, or set trainer.resume=false to start over in it"
-            )
-        done = run_dir / "summary.json"
-        if done.exists() and json.loads(done.read_text()).get("status") == "complete":
-            print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
-            return json.loads(done.read_text())
+    claim_run_dir(config_dict, run_dir, config.trainer.resume)
+    done = run_dir / "summary.json"
+    if config.trainer.resume and done.exists() and json.loads(done.read_text()).get("status") == "complete":
+        print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
+        return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
     load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built

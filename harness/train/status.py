@@ -120,19 +120,55 @@ def describe(status: dict | None) -> str:
     return f"in stage {status['stage']!r} of step {status['step']}{role}"
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (a rank on another node reads as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def rank_lines(run_dir: Path | str, now: float | None = None) -> list[str]:
+    """One line per rank: failed (with its one-line error, from ``rank{r}.error.json``), finished (the run's
+    ``summary.json``), stopped (its process is gone without a word) or where it is now."""
+    import json
+
+    directory = Path(run_dir)
+    now = time.time() if now is None else now
+    summary_path = directory / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    lines = []
+    for rank, status in sorted(read_statuses(directory).items()):
+        head = f"rank {rank} (pid {status['pid']})"
+        error_path = directory / STATUS_DIR / f"rank{rank}.error.json"
+        error = json.loads(error_path.read_text()) if error_path.exists() else None
+        if error is not None and error["time"] >= status["time"]:  # this run's failure, not an earlier one's
+            lines.append(f"{head} failed {describe(status)}: {error['error']} "
+                         f"(traceback: {error_path.with_suffix('').with_suffix('.traceback')})")
+        elif summary is not None and summary.get("status") and summary_path.stat().st_mtime >= status["time"]:
+            lines.append(f"{head} finished ({summary['status']}) {describe(status)}")
+        elif not _alive(status["pid"]):
+            lines.append(f"{head} stopped {describe(status)}, {now - status['time']:.1f} s ago; its process is gone "
+                         "without an error record (killed by a signal or the out-of-memory killer?)")
+        else:
+            lines.append(f"{head} {describe(status)}, {now - status['time']:.1f} s ago")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m harness.train.status RUN_DIR``: where every rank of a run is (or was when it stopped)."""
+    """``python -m harness.train.status RUN_DIR``: where every rank of a run is, or how it ended."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m harness.train.status", description=main.__doc__)
     parser.add_argument("run_dir")
     args = parser.parse_args(argv)
-    statuses = read_statuses(args.run_dir)
-    if not statuses:
+    lines = rank_lines(args.run_dir)
+    if not lines:
         raise SystemExit(f"no rank status under {Path(args.run_dir) / STATUS_DIR}")
-    now = time.time()
-    for rank, status in sorted(statuses.items()):
-        print(f"rank {rank} (pid {status['pid']}) {describe(status)}, {now - status['time']:.1f} s ago")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import os
 import resource
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,6 +67,9 @@ class Trainer:
         if state.global_step == 0:
             state.next_eval_tokens = self.config.trainer.eval_every_tokens
             self._print_start()
+        elif self.env.is_main:
+            print(f"batchlab-train: {self.config.name} resuming from step {state.global_step} "
+                  f"({state.tokens_seen:,} tokens, epoch {state.epoch}) in {self.run_dir}", flush=True)
         self.consumed.open_log(state.global_step)
         progress = self._progress_bar()
         wall_started = time.perf_counter()
@@ -81,7 +85,9 @@ class Trainer:
             seen_at_most_once=self.consumed.at_most_once(), extra=self.source.summary(),
             run_dir=self.run_dir if self.env.is_main else None)
         self.logger.summary(summary)
+        where = self.logger.locations()
         self.logger.close()
+        self._print_end(summary, where)
         self.consumed.close()
         self.status.stage("done", state.global_step)
         self.status.close()
@@ -241,6 +247,22 @@ class Trainer:
             f"dropped: {data.train_report.summary()} oversize {data.oversize_dropped}; run dir {self.run_dir}",
             flush=True,
         )
+
+    def _print_end(self, summary: dict[str, Any], where: list[str]) -> None:
+        """The closing lines: how the run ended, its held-out numbers and speed, and where its results are."""
+        if not self.env.is_main:
+            return
+
+        def number(key: str, spec: str) -> str:
+            value = summary.get(key)
+            return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+        print(f"batchlab-train: {self.config.name} {summary['status']} after {summary['steps']} steps, "
+              f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: held-out loss "
+              f"{number('eval_loss', '.4f')}, τ {number('eval_tau', '.2f')}, τ real {number('eval_tau_real', '.2f')}, "
+              f"{number('tokens_per_second', ',.0f')} real tokens/s\n"
+              f"  results: {'; '.join(where)}; report: batchlab-report {Path(self.run_dir).parent} --out report/",
+              flush=True)
 
     def _progress_bar(self) -> Any:
         if not (self.env.is_main and self.config.trainer.progress):

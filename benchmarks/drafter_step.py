@@ -183,7 +183,7 @@ def main() -> None:
                 ratios = [a["tokens_per_second"] / b["tokens_per_second"]
                           for a, b in zip(runs, results[(shape, "dense")])]
                 ratio = f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})"
-            rows.append(f"| {shape} | {runs[0]['documents']} docs, {runs[0]['tokens']:,} tokens, {runs[0]['blocks']} blocks | {path} | "
+            rows.append(f"| {shape} | {runs[0]['documents']} doc{'s' if runs[0]['documents'] > 1 else ''}, {runs[0]['tokens']:,} tokens, {runs[0]['blocks']} blocks | {path} | "
                         f"{statistics.median(r['tokens_per_second'] for r in runs):,.0f} | {ratio} | "
                         f"{statistics.median(r['step_memory_mb'] for r in runs):,.0f} |")
     command = " ".join(["python benchmarks/drafter_step.py", *sys.argv[1:]])

@@ -2,6 +2,7 @@
 stored runs.csv); one-line errors; the W&B workspace."""
 
 import base64
+import json
 import re
 import shutil
 import subprocess

@@ -547,6 +547,14 @@ def test_oversize_samples_follow_the_policy(policy, batchlab_cache):
         assert data.train_lengths.max() == 96
     plan = data.plan_epoch(0)
     assert plan.exactly_once() and plan.budget_violations().size == 0
+    # what the run says it uses, in words and the counts above
+    checked = kept.size + data.train_report.dropped_no_anchor.size
+    words = data.selection_words()
+    assert words.startswith(f"{data.train_rows.size} of {checked} training samples used (")
+    verb = "dropped (trainer.oversize)" if policy == "drop" else "truncated to it"
+    assert f"{over} over trainer.max_tokens=96 {verb}" in words, words
+    no_anchor = data.train_report.dropped_no_anchor.size
+    assert (f"{no_anchor} without a position to anchor a block" in words) == (no_anchor > 0), words
 
 
 def test_max_samples_caps_every_micro_batch(batchlab_cache):

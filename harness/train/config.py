@@ -64,6 +64,12 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _at_least("optim.lr", self.lr, 0.0)
+        _at_least("optim.weight_decay", self.weight_decay, 0.0)
+        for name, beta in (("optim.beta1", self.beta1), ("optim.beta2", self.beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"{name}={beta} must be in [0, 1) (AdamW's moment decay; 0.9 and 0.95 are usual)")
+        if not self.eps > 0.0:
+            raise ValueError(f"optim.eps={self.eps} must be > 0 (AdamW's denominator floor, e.g. 1e-8)")
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"optim.warmup_fraction={self.warmup_fraction} must be in [0, 1)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:

@@ -61,11 +61,8 @@ class EpochData:
         self.train_rows, self.oversize_dropped, self.oversize_truncated = self._apply_oversize(self.train_report.kept)
         self.heldout_rows, _, _ = self._apply_oversize(self.heldout_report.kept)
         if self.train_rows.size == 0:
-            raise ValueError(
-                f"no training sample is left after validation (dropped: {self.train_report.summary()}, "
-                f"{self.oversize_dropped} over trainer.max_tokens={self.budget.max_tokens}); raise max_tokens or "
-                "check the data source"
-            )
+            raise ValueError(f"no training sample is left: {self.selection_words()}; raise trainer.max_tokens or "
+                             "check the data source")
         self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
         self.strategy = build_strategy(config.strategy_name, **config.strategy_options)
         self.fingerprint = ckpt.plan_fingerprint(
@@ -110,6 +107,18 @@ class EpochData:
             groups.append(EvalGroup(name, self.heldout_rows[part], plan,
                                     (int(lengths[part].min()), int(lengths[part].max()))))
         return groups
+
+    def selection_words(self) -> str:
+        """Which training samples the run uses, in words: ``92 of 114 training samples used (9 without a position
+        to anchor a block, 13 over trainer.max_tokens=1024 dropped)``."""
+        checked = self.train_report.kept.size + self.train_report.dropped_no_anchor.size
+        left_out = [f"{count} {why}" for count, why in (
+            (self.train_report.dropped_no_anchor.size, "without a position to anchor a block (data.no_anchor)"),
+            (self.oversize_dropped, f"over trainer.max_tokens={self.budget.max_tokens} dropped (trainer.oversize)"),
+            (self.oversize_truncated, f"over trainer.max_tokens={self.budget.max_tokens} truncated to it"))
+            if count]
+        return f"{self.train_rows.size} of {checked} training samples used" + (
+            f" ({', '.join(left_out)})" if left_out else "")
 
     def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:
         """(rows kept, how many dropped, how many truncated) under ``trainer.oversize``."""

@@ -241,10 +241,10 @@ class Trainer:
         data, config = self.data, self.config
         print(
             f"batchlab-train: {config.name} ({config.strategy_name}, seed {config.seed}) on "
-            f"{self.env.world_size} rank(s), {self.model.device.type}: {data.train_rows.size} training samples "
-            f"({data.epoch_tokens} tokens an epoch), {data.heldout_rows.size} held out; "
-            f"stop at {data.total_tokens} tokens ({data.total_tokens / data.epoch_tokens:.2f} epochs); "
-            f"dropped: {data.train_report.summary()} oversize {data.oversize_dropped}; run dir {self.run_dir}",
+            f"{self.env.world_size} rank(s), {self.model.device.type}: {data.selection_words()}, "
+            f"{data.epoch_tokens:,} tokens an epoch, {data.heldout_rows.size} held out; "
+            f"stop at {data.total_tokens:,} tokens ({data.total_tokens / data.epoch_tokens:.2f} epochs); "
+            f"run dir {self.run_dir}",
             flush=True,
         )
 

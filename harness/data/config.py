@@ -33,8 +33,9 @@ class DataConfig:
         max_documents: seeded subset of the embedded corpus (``None``: all of it); applied before
             the held-out split. Ignored for other sources.
         subset_seed: seed of that subset; fixed, independent of the run seed.
-        vocab_size: size of the BPE vocabulary trained for the embedded corpus (ignored for other
-            sources, whose ids must already fit the target's vocabulary).
+        vocab_size: size of the BPE vocabulary trained for the embedded corpus. ``conf/train.yaml`` also
+            passes it to a random-weight target as ``target.vocab_size``, so with another source set it
+            to (at least) your largest token id + 1; a pretrained target brings its own vocabulary.
         heldout_fraction: fraction of samples held out for evaluation, in [0, 1).
         max_heldout: cap on the number of held-out samples (``None``: no cap).
         heldout_seed: the held-out split's own seed: the same for every strategy and run seed.

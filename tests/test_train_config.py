@@ -113,3 +113,48 @@ def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache)
     assert trainer.model.target.dtype == torch.bfloat16
     assert {p.dtype for p in trainer.model.drafter.parameters() if p.requires_grad} == {torch.float32}
     assert all(p.dtype == torch.float32 for group in trainer.optimizer.param_groups for p in group["params"])
+
+
+@pytest.mark.parametrize("argument, expected", [
+    ("strategy=packd", "strategy=packd: there is no such strategy (conf/strategy/); did you mean packed? Choose one of: "
+                       "bucketed, length_grouped, packed, shuffle, sorted"),
+    ("strategy=sorted,shufle", "did you mean shuffle?"),
+    ("trainer.max_tokn=512", "trainer has no setting 'max_tokn'; did you mean trainer.max_tokens?"),
+    ("optim.lrr=0.1", "optim has no setting 'lrr'; did you mean optim.lr?"),
+    ("sede=1", "sede is not a setting; did you mean seed?"),
+])
+def test_a_misspelt_override_says_what_was_meant(argument, expected):
+    from harness.cli.overrides import check_overrides
+
+    problem = check_overrides(["-m", argument])
+    assert problem is not None and expected in problem and "_schema" not in problem, problem
+
+
+def test_every_override_the_docs_use_passes_the_check():
+    """The pre-check never refuses what Hydra accepts: the README's, the Makefile's and the tests' overrides."""
+    import re
+
+    from harness.cli.overrides import check_overrides
+
+    text = "\n".join((REPO / name).read_text() for name in ("README.md", "Makefile"))
+    arguments = [a.strip("`,;") for line in re.findall(r"batchlab-train (.*)", text) for a in line.split("#")[0].split()
+                 if "=" in a and not a.startswith("$")]
+    arguments += ["hydra/launcher=submitit_local", "+extra=1", "strategy=${batchlab_strategies:}",
+                  "target=tiny-pretrained", "step_mode=fixed_accumulation", "topology.target_ranks=2", "logger.mode=offline"]
+    assert len(arguments) > 20
+    assert check_overrides(arguments) is None, check_overrides(arguments)
+    # another config search path may hold other options: left to Hydra
+    assert check_overrides(["hydra.searchpath=[file:///tmp/conf]", "strategy=strided"]) is None
+
+
+def test_the_cli_refuses_a_misspelt_strategy_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "harness.cli.train", "strategy=packd"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "batchlab-train: strategy=packd: there is no such strategy (conf/strategy/); did you mean packed? Choose one "
+        "of: bucketed, length_grouped, packed, shuffle, sorted"]
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -77,5 +77,16 @@ def main(cfg: DictConfig) -> float | None:
     return summary.get("eval_loss") if summary else None
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``batchlab-train``: a misspelt override fails here in one line (exit status 2), before Hydra starts."""
+    from harness.cli.overrides import check_overrides
+
+    problem = check_overrides(sys.argv[1:])
+    if problem:
+        print(f"batchlab-train: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -124,20 +124,27 @@ def test_resume_on_other_data_is_refused_by_the_plan_fingerprint(tmp_path, batch
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, batchlab_cache):
-    """A typo in data.source fails the run; the same command, corrected, runs in its place. A rerun with other
-    settings over the finished run is refused with exit status 2 and one line, and leaves the directory as it
-    was (Hydra's .hydra/*.yaml put back, config.json and the metrics untouched)."""
+    """A typo in data.source is bad input: exit status 2, one line, the traceback in train.log, no config.json.
+    A run that starts and fails before its first checkpoint claims nothing: the same command, corrected, runs
+    in its place. A rerun with other settings over the finished run is refused with exit status 2 and one
+    line, and leaves the directory as it was (.hydra/*.yaml put back, config.json and the metrics untouched)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"input_ids": list(range(2, 40 + i))}) + "\n" for i in range(40)))
     run_dir = tmp_path / "run"
     base = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
-            "data.max_documents=null", "data.vocab_size=300", "trainer.max_tokens=256", "trainer.stop_tokens=600",
+            "data.max_documents=null", "data.vocab_size=300", "trainer.max_tokens=64", "trainer.stop_tokens=600",
             "trainer.eval_real_prompts=0", f"hydra.run.dir={run_dir}"]
-    failed = train_cli([*base, f"data.source={tmp_path / 'nope.jsonl'}"], cwd=tmp_path)
-    assert failed.returncode != 0 and (run_dir / "config.json").exists()
-    corrected = train_cli([*base, f"data.source={data}"], cwd=tmp_path)
+    typo = train_cli([*base, f"data.source={tmp_path / 'nope.jsonl'}"], cwd=tmp_path)
+    assert typo.returncode == 2, typo.stderr[-3000:]
+    lines = [line for line in typo.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "does not exist" in lines[0] and "traceback in " in lines[0], typo.stderr
+    assert not (run_dir / "config.json").exists() and "FileNotFoundError" in (run_dir / "train.log").read_text()
+    failed = train_cli([*base, f"data.source={data}", "trainer.oversize=error"], cwd=tmp_path)  # fails in the rank
+    assert failed.returncode == 1 and (run_dir / "config.json").exists(), failed.stderr[-3000:]
+    corrected = train_cli([*base, f"data.source={data}", "trainer.oversize=drop"], cwd=tmp_path)
     assert corrected.returncode == 0, corrected.stderr[-3000:]
-    assert "held a run that stopped before its first checkpoint (data.source: " in corrected.stdout, corrected.stdout
+    assert "held a run that stopped before its first checkpoint (trainer.oversize: 'error' -> 'drop')" in \
+        corrected.stdout, corrected.stdout
     closing = re.search(r"complete after (\d+) steps, ([\d,]+) tokens, \d+ s: held-out loss ([\d.]+), τ ([\d.]+), "
                         r"τ real n/a, ([\d,]+) real tokens/s\n  results: (\S+); report: batchlab-report", corrected.stdout)
     assert closing, corrected.stdout[-2000:]
@@ -147,7 +154,7 @@ def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, 
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
     kept = {path.name: path.read_text() for path in [run_dir / "config.json", run_dir / "metrics.jsonl",
                                                      *(run_dir / ".hydra").glob("*.yaml")]}
-    refused = train_cli([*base, f"data.source={data}", "seed=1"], cwd=tmp_path)
+    refused = train_cli([*base, f"data.source={data}", "trainer.oversize=drop", "seed=1"], cwd=tmp_path)
     assert refused.returncode == 2, (refused.returncode, refused.stderr[-3000:])
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "holds a run with other settings (" in lines[0] and "seed: 0 -> 1" in lines[0], refused.stderr

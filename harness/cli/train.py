@@ -12,8 +12,10 @@ Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, `
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -50,9 +52,14 @@ def _restore_hydra_files(hydra_dir: Path) -> bool:
     return True
 
 
+def _launcher_rank() -> int:
+    """This process's rank under an external launcher (torchrun's RANK, SLURM's SLURM_PROCID); 0 otherwise."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from harness.train.run import RankFailed, RunDirectoryInUse, claim_run_dir, run
+    from harness.train.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, run
 
     hydra_config = HydraConfig.get()
     run_dir = hydra_config.runtime.output_dir
@@ -60,12 +67,19 @@ def main(cfg: DictConfig) -> float | None:
     config_dict = resolved_dict(cfg)
     try:
         claim_run_dir(config_dict, Path(run_dir), bool(config_dict["trainer"]["resume"]), announce=False)
-        _keep_hydra_files(hydra_dir)
+        if _launcher_rank() == 0:  # under an external torchrun / srun every rank runs this: one writes
+            _keep_hydra_files(hydra_dir)
         summary = run(config_dict, run_dir)
     except RunDirectoryInUse as refused:  # bad input: one message, the directory as it was
-        restored = _restore_hydra_files(hydra_dir)
+        restored = _launcher_rank() != 0 or _restore_hydra_files(hydra_dir)
         print(f"batchlab-train: {refused}" + ("" if restored else f" ({hydra_dir} now shows the refused settings; "
               "config.json holds the run's)"), file=sys.stderr, flush=True)
+        sys.exit(2)
+    except BadInput as bad:  # one line; the traceback goes to the run's log
+        log = Path(run_dir) / f"{hydra_config.job.name}.log"
+        with log.open("a") as file:
+            traceback.print_exception(bad, file=file)
+        print(f"batchlab-train: {bad} (traceback in {log})", file=sys.stderr, flush=True)
         sys.exit(2)
     except RankFailed as failed:  # the message says it all (rank, stage, step, the checkpoint); no traceback
         print(f"batchlab-train: {failed}", file=sys.stderr, flush=True)

@@ -44,6 +44,10 @@ class RunDirectoryInUse(ValueError):
     """The run directory holds a run with other settings."""
 
 
+class BadInput(ValueError):
+    """A setting or the data is wrong: found before any rank starts, nothing written to the run directory."""
+
+
 class RankFailed(RuntimeError):
     """A rank of the job failed (an exception, a signal, out of memory) and the job was stopped."""
 
@@ -268,19 +272,27 @@ def claim_run_dir(config_dict: dict[str, Any], run_dir: Path, resume: bool = Tru
 
 
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
-    """A whole run from a resolved config: validate, build the data cache once, start the ranks, train."""
-    config = run_config_from_dict(config_dict)  # fail here, before any process starts
-    config_dict = _with_regenerated_completions(config, config_dict)
-    config = run_config_from_dict(config_dict)
+    """A whole run from a resolved config: validate, build the data cache once, start the ranks, train.
+
+    Bad input found before the ranks start (a setting, the data source, another run in the directory)
+    raises :class:`BadInput` (:class:`RunDirectoryInUse` for the directory) and writes nothing there."""
     run_dir = Path(run_dir)
-    claim_run_dir(config_dict, run_dir, config.trainer.resume)
-    done = run_dir / "summary.json"
-    if config.trainer.resume and done.exists() and json.loads(done.read_text()).get("status") == "complete":
-        print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
-        return json.loads(done.read_text())
+    try:
+        config = run_config_from_dict(config_dict)  # fail here, before any process starts
+        config_dict = _with_regenerated_completions(config, config_dict)
+        config = run_config_from_dict(config_dict)
+        claim_run_dir(config_dict, run_dir, config.trainer.resume)
+        done = run_dir / "summary.json"
+        if config.trainer.resume and done.exists() and json.loads(done.read_text()).get("status") == "complete":
+            print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
+            return json.loads(done.read_text())
+        load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
+    except RunDirectoryInUse:
+        raise
+    except (ValueError, FileNotFoundError) as error:
+        raise BadInput(str(error)) from error
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
-    load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
     if config.target.pretrained == EMBEDDED_TARGET:
         pretrained_target_path(config, progress=config.trainer.progress)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

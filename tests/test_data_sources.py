@@ -122,6 +122,15 @@ def test_source_errors(tmp_path: Path):
     strings.write_text(json.dumps({"input_ids": "hello"}) + "\n")
     with pytest.raises(DataValidationError, match="'input_ids' has type string; expected a list of integers"):
         load_samples(_cfg(strings, tmp_path), progress=False)
+    # a broken line is named by the file's own line number (pyarrow counts rows from 0 within a block)
+    good = json.dumps({"input_ids": list(range(2, 30))})
+    for bad, named in [('{"input_ids": [1, 2, 3', r"line 51 is not valid JSON: Expecting ',' delimiter at column 23"),
+                       ('{"input_ids": {"a": 1}}', r"line 51: input_ids is not a list of integers \(\{\"a\": 1\}\)"),
+                       ("[1, 2]", "line 51 is a JSON list, not an object")]:
+        broken = tmp_path / "broken.jsonl"
+        broken.write_text("\n".join([good] * 50 + [bad] + [good] * 9) + "\n")
+        with pytest.raises(DataValidationError, match=named):
+            load_samples(_cfg(broken, tmp_path), progress=False)
     not_dataset = tmp_path / "dir"
     not_dataset.mkdir()
     with pytest.raises(DataValidationError, match="not a dataset written by save_to_disk"):

@@ -156,7 +156,8 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
             reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=JSON_BLOCK_BYTES))
         except pa.ArrowInvalid as err:
             raise DataSourceError(
-                f"{path}: not readable as JSON lines ({err}); expected one JSON object per line"
+                f"{path}: not readable as JSON lines ({_first_bad_json_line(path) or err}); expected one JSON "
+                "object per line"
             ) from None
         schema = reader.schema
         _check_columns(path, schema, "line")
@@ -183,14 +184,39 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
                     rows += part.num_rows
                     bar.update(part.num_rows)
         except pa.ArrowInvalid as err:
+            where = _first_bad_json_line(path) if path.suffix != ".parquet" else None
             raise DataSourceError(
-                f"{path}: could not read the file ({err}); check that every line (row) has input_ids as "
+                f"{path}: could not read the file ({where or err}); check that every line (row) has input_ids as "
                 "a list of integers"
             ) from None
     return rows, has_mask
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _first_bad_json_line(path: Path) -> str | None:
+    """``line 51: ...`` for the first line of a JSON-lines file that is not a JSON object whose input_ids (and
+    loss_mask) are lists of integers; None when every line is. Only on the error path: pyarrow's messages
+    count rows from 0 within a block, not the file's lines."""
+    import json
+
+    with path.open() as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.rstrip("\n"))
+            except json.JSONDecodeError as err:
+                return f"line {number} is not valid JSON: {err.msg} at column {err.colno}"
+            if not isinstance(record, dict):
+                return f"line {number} is a JSON {type(record).__name__}, not an object"
+            for column in ("input_ids", "loss_mask"):
+                value = record.get(column)
+                if column in record and not (isinstance(value, list) and all(
+                        isinstance(v, int) and not isinstance(v, bool) for v in value)):
+                    return f"line {number}: {column} is not a list of integers ({json.dumps(value)[:60]})"
+    return None
+
+
 def _check_columns(path: Path, schema: pa.Schema, row_word: str) -> None:
     names = list(schema.names)
     if "input_ids" not in names:

@@ -413,7 +413,8 @@ def _check_values(
             raise DataValidationError(
                 f"{where}: row {row}: input_ids[{position}] = {value} is outside the vocabulary "
                 f"[0, {vocab_size}){others}; tokenize with the target's tokenizer (vocab_size {vocab_size}), "
-                "or give a target whose vocabulary covers these ids"
+                "or give a target whose vocabulary covers these ids (a random-weight target's is target.vocab_size, "
+                "which batchlab-train sets from data.vocab_size: raise data.vocab_size above the largest id)"
             )
         raise DataValidationError(
             f"{where}: row {row}: loss_mask[{position}] = {value}{others}; loss_mask values must be 0 "

@@ -108,12 +108,15 @@ def measure(shape_name: str, path: str, steps: int, seed: int) -> dict:
     tokens = sum(lengths)
     features = [torch.randn(1, tokens, hidden, generator=generator) for _ in range(shape["taps"])]
 
+    def inputs_for(draw: int) -> DrafterInputs:
+        """The training path's inputs, built as the collate builds them (anchors per sample, max_blocks cap)."""
+        return DrafterInputs.build(batch, list(range(len(lengths))), block_size=config.block_size,
+                                   num_anchors=config.num_anchors, mask_token_id=drafter.mask_token_id,
+                                   loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.max_blocks,
+                                   seed=seed, epoch=draw)
+
     def step(draw: int) -> None:
-        # the training path: inputs built as the collate builds them (anchors per sample, max_blocks cap)
-        inputs = DrafterInputs.build(batch, list(range(len(lengths))), block_size=config.block_size,
-                                     num_anchors=config.num_anchors, mask_token_id=drafter.mask_token_id,
-                                     loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.max_blocks,
-                                     seed=seed, epoch=draw)
+        inputs = inputs_for(draw)
         result = drafter.prepared_loss(inputs, drafter.forward_prepared(inputs, features))
         loss = result.weighted_ce_sum / result.weight_sum.clamp(min=1e-9)
         optimizer.zero_grad(set_to_none=True)
@@ -128,10 +131,7 @@ def measure(shape_name: str, path: str, steps: int, seed: int) -> dict:
         step(draw)
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    blocks = DrafterInputs.build(batch, list(range(len(lengths))), block_size=config.block_size,
-                                 num_anchors=config.num_anchors, mask_token_id=drafter.mask_token_id,
-                                 loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.max_blocks, seed=seed,
-                                 epoch=1).layout.num_blocks
+    blocks = inputs_for(1).layout.num_blocks
     return {"shape": shape_name, "path": path, "tokens_per_second": tokens * steps / elapsed, "blocks": blocks,
             "step_memory_mb": (peak - before) / 1024, "peak_rss_mb": peak / 1024, "documents": len(lengths),
             "tokens": tokens}

@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import typing
 from collections.abc import Sequence
 
 from harness.train.config import CONF_DIR, RunConfig
 
 
+@functools.cache
 def group_options(group: str) -> list[str]:
     """The options of a ``conf/`` group (its yaml files), schemas excluded."""
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.endswith("_schema"))
 
 
+@functools.cache
 def _groups() -> list[str]:
     return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "hydra")
 
 
+@functools.cache
 def _fields(cls: type) -> dict[str, typing.Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}

@@ -32,24 +32,24 @@ register_schemas()
 ACCEPTED_HYDRA_DIR = "accepted"
 
 
+def _copy_yaml(source: Path, destination: Path) -> bool:
+    """Copy ``source/*.yaml`` into ``destination`` (made if needed); False when ``source`` does not exist."""
+    if not source.is_dir():
+        return False
+    destination.mkdir(exist_ok=True)
+    for path in source.glob("*.yaml"):
+        shutil.copy2(path, destination / path.name)
+    return True
+
+
 def _keep_hydra_files(hydra_dir: Path) -> None:
     """Copy this run's ``.hydra/*.yaml`` aside: the files of the run the directory holds."""
-    if not hydra_dir.is_dir():
-        return
-    kept = hydra_dir / ACCEPTED_HYDRA_DIR
-    kept.mkdir(exist_ok=True)
-    for path in hydra_dir.glob("*.yaml"):
-        shutil.copy2(path, kept / path.name)
+    _copy_yaml(hydra_dir, hydra_dir / ACCEPTED_HYDRA_DIR)
 
 
 def _restore_hydra_files(hydra_dir: Path) -> bool:
     """Put back the ``.hydra/*.yaml`` of the run the directory holds (False when none were kept)."""
-    kept = hydra_dir / ACCEPTED_HYDRA_DIR
-    if not kept.is_dir():
-        return False
-    for path in kept.glob("*.yaml"):
-        shutil.copy2(path, hydra_dir / path.name)
-    return True
+    return _copy_yaml(hydra_dir / ACCEPTED_HYDRA_DIR, hydra_dir)
 
 
 def _launcher_rank() -> int:

@@ -99,13 +99,13 @@ def sdpa_chunks(layout: BlockLayout, dense_slices: Sequence[DenseSlice], dtype: 
     block_size = layout.block_size
     per_chunk = max(1, int(SDPA_CHUNK_SLOTS if chunk_slots is None else chunk_slots) // block_size)
     anchors = torch.where(layout.keep, layout.anchor, 0).tolist()
+    device = layout.anchor.device
     chunks = []
     for piece in dense_slices:
         for start in range(piece.block_start, piece.block_stop, per_chunk):
             rows = slice(start, min(start + per_chunk, piece.block_stop))
             count = rows.stop - rows.start
             context_length = max(anchors[rows])
-            device = layout.anchor.device
             sees_context = context_visible(layout.anchor[rows], layout.keep[rows], context_length)
             block_of_slot = torch.arange(count, device=device).repeat_interleave(block_size)
             own_block = block_of_slot[:, None] == block_of_slot[None, :]

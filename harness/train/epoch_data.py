@@ -111,13 +111,13 @@ class EpochData:
     def selection_words(self) -> str:
         """Which training samples the run uses, in words: ``92 of 114 training samples used (9 without a position
         to anchor a block, 13 over trainer.max_tokens=1024 dropped)``."""
-        checked = self.train_report.kept.size + self.train_report.dropped_no_anchor.size
+        report = self.train_report.summary()
         left_out = [f"{count} {why}" for count, why in (
-            (self.train_report.dropped_no_anchor.size, "without a position to anchor a block (data.no_anchor)"),
+            (report["dropped_no_anchor"], "without a position to anchor a block (data.no_anchor)"),
             (self.oversize_dropped, f"over trainer.max_tokens={self.budget.max_tokens} dropped (trainer.oversize)"),
             (self.oversize_truncated, f"over trainer.max_tokens={self.budget.max_tokens} truncated to it"))
             if count]
-        return f"{self.train_rows.size} of {checked} training samples used" + (
+        return f"{self.train_rows.size} of {report['checked']} training samples used" + (
             f" ({', '.join(left_out)})" if left_out else "")
 
     def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:

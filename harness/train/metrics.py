@@ -46,6 +46,7 @@ class MetricSink(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
     def log_table(self, name: str, columns: list[str], rows: list[list[Any]], tokens_seen: int) -> None: ...
     def summary(self, values: dict[str, Any]) -> None: ...
+    def location(self) -> str: ...
     def close(self, failed: bool = False) -> None: ...
 
 
@@ -173,7 +174,7 @@ class MetricLogger:
 
     def locations(self) -> list[str]:
         """Where each sink keeps the run (a file, a W&B URL or offline directory)."""
-        return [sink.location() for sink in self.sinks if hasattr(sink, "location")]
+        return [sink.location() for sink in self.sinks]
 
     def close(self, failed: bool = False) -> None:
         sinks, self.sinks = self.sinks, []

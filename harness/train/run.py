@@ -242,14 +242,19 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
     return RankFailed(message, rank, failure.exitcode, status and status["stage"], status and status["step"])
 
 
+def complete_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary of the complete run ``run_dir`` holds, or None."""
+    done = run_dir / "summary.json"
+    summary = json.loads(done.read_text()) if done.exists() else None
+    return summary if summary is not None and summary.get("status") == "complete" else None
+
+
 def claimed(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run worth keeping: a checkpoint to resume from, or a complete summary. A run
     that failed before its first checkpoint (a typo in ``data.source``, an empty file) claims nothing."""
     from harness.train.checkpoint import latest_checkpoint
 
-    done = run_dir / "summary.json"
-    return latest_checkpoint(run_dir) is not None or (
-        done.exists() and json.loads(done.read_text()).get("status") == "complete")
+    return latest_checkpoint(run_dir) is not None or complete_summary(run_dir) is not None
 
 
 def claim_run_dir(config_dict: dict[str, Any], run_dir: Path, resume: bool = True, announce: bool = True) -> None:
@@ -282,10 +287,10 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
         config_dict = _with_regenerated_completions(config, config_dict)
         config = run_config_from_dict(config_dict)
         claim_run_dir(config_dict, run_dir, config.trainer.resume)
-        done = run_dir / "summary.json"
-        if config.trainer.resume and done.exists() and json.loads(done.read_text()).get("status") == "complete":
+        done = complete_summary(run_dir) if config.trainer.resume else None
+        if done is not None:
             print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
-            return json.loads(done.read_text())
+            return done
         load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
     except RunDirectoryInUse:
         raise

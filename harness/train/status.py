@@ -147,7 +147,7 @@ def rank_lines(run_dir: Path | str, now: float | None = None) -> list[str]:
         error = json.loads(error_path.read_text()) if error_path.exists() else None
         if error is not None and error["time"] >= status["time"]:  # this run's failure, not an earlier one's
             lines.append(f"{head} failed {describe(status)}: {error['error']} "
-                         f"(traceback: {error_path.with_suffix('').with_suffix('.traceback')})")
+                         f"(traceback: {directory / STATUS_DIR / f'rank{rank}.traceback'})")
         elif summary is not None and summary.get("status") and summary_path.stat().st_mtime >= status["time"]:
             lines.append(f"{head} finished ({summary['status']}) {describe(status)}")
         elif not _alive(status["pid"]):

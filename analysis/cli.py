@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
+
+from harness.cli.errors import OneLineParser, add_verbose, full_errors
 
 from analysis.load import SweepError, load_sweeps
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="batchlab-report",
         description="Report a batchlab strategy sweep: throughput against gradient diversity and convergence.")
     p.add_argument("sweep_dirs", nargs="*", metavar="SWEEP_DIR", help="directory of a batchlab-train -m sweep")
@@ -42,6 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-workspace", metavar="ENTITY/PROJECT",
                    help="also save a W&B workspace (wandb-workspaces) whose panels mirror the figures")
     p.add_argument("--wandb-group", metavar="GROUP", help="W&B group of the workspace (default: the runs' group)")
+    add_verbose(p)
     return p
 
 
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweeps(args.sweep_dirs, source=args.source)
     except SweepError as error:
+        if full_errors(args.verbose):
+            traceback.print_exc()
         return fail(str(error))
     from analysis.report import build_report
 

@@ -256,6 +256,9 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
                      f"({fastest['tokens_per_second']:,.0f} real tokens/s, padding {fastest['padding_pct']:.1f}%), "
                      f"but the timings of {', '.join(timing.disturbed)} were disturbed: no throughput ratio is quoted "
                      f"from this sweep (`{THROUGHPUT_SOURCE}` is the source of record)."]
+    elif len(finite) == 1:  # nothing to compare with
+        sentences = [f"{fastest['strategy']}: {fastest['tokens_per_second']:,.0f} real tokens/s "
+                     f"(padding {fastest['padding_pct']:.1f}%)."]
     else:
         sentences = [f"{fastest['strategy']} has the highest throughput: {fastest['tokens_per_second']:,.0f} real "
                      f"tokens/s, {fastest['relative_throughput']:.2f}× {reference} "
@@ -267,12 +270,14 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
     elif any(t.tested for t in tests):
         sentences.append("No difference between strategies survives Holm–Bonferroni over every pair and headline "
                          "metric: no ranking is significant, the means are descriptive only.")
+    elif not tests:
+        sentences.append("One strategy in this sweep: nothing is compared.")
     else:
         fewest = min((len(t.seeds) for t in tests), default=0)
         sentences.append(f"With {fewest} paired seed{'s' if fewest != 1 else ''} (fewer than {MIN_SEEDS}) nothing is "
                          "tested: no ranking is significant, the means are descriptive only.")
     rec = table[np.isfinite(table["recurrence"])]
-    if len(rec):
+    if len(rec) > 1:
         most = rec.loc[rec["recurrence"].idxmax()]
         least = rec.loc[rec["recurrence"].idxmin()]
         sentences.append(f"Batch composition recurs most under {most['strategy']} (recurrence "

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
 
 from analysis.load import order_strategies  # noqa: E402
 from strategies import report_order  # noqa: E402
@@ -62,6 +62,12 @@ FIGURES = {
     "train_loss": "Training loss against tokens, every step, with a running mean",
     "heldout_by_length": "Held-out loss and τ per length tercile of the held-out set against tokens seen",
 }
+
+#: the least a τ axis spans (accepted length, between 1 and block size + 1), and where it may start
+TAU_MIN_SPAN = 0.2
+TAU_FLOOR = 0.98
+#: an ACF whose white-noise band reaches this far (too few steps an epoch) is not drawn: nothing shows above it
+ACF_MAX_BAND = 0.5
 
 STYLE = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9, "axes.grid": True,
          "grid.alpha": 0.3, "grid.linewidth": 0.6, "figure.facecolor": "white", "axes.facecolor": "white",
@@ -305,9 +311,13 @@ def acf(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
     frame, n_steps = acf_by_run(steps)
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8, 4.6))
-        if n_steps > 0:
-            band = 1.96 / math.sqrt(n_steps)
+        band = 1.96 / math.sqrt(n_steps) if n_steps > 0 else math.inf
+        if band < ACF_MAX_BAND:
             ax.axhspan(-band, band, color="grey", alpha=0.18, label=f"white-noise band ±1.96/√{n_steps}")
+        elif n_steps > 0:  # white noise alone would fill the panel
+            frame = frame.iloc[0:0]
+            _note(ax, f"{n_steps} steps an epoch: white noise alone reaches ±{band:.2f},\n"
+                      "too few steps to tell an autocorrelation from chance")
         ax.axhline(0.0, color="black", linewidth=0.8)
         offsets = np.linspace(-0.15, 0.15, max(len(style.strategies), 1))
         for offset, strategy in zip(offsets, style.strategies):
@@ -318,12 +328,15 @@ def acf(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
             ax.errorbar(group.index + offset, group["mean"], yerr=group["std"].fillna(0.0),
                         color=style.colour(strategy), marker=style.marker(strategy), linestyle=style.line(strategy),
                         capsize=3, label=strategy)
-        if frame.empty or not np.isfinite(frame["acf"]).any():
+        if (frame.empty or not np.isfinite(frame["acf"]).any()) and band < ACF_MAX_BAND:
             _note(ax, "the ACF is undefined: too few steps per epoch")
+        several = len(frame) and frame.groupby("strategy")["run"].nunique().min() > 1
         ax.set(xlabel="lag (optimizer steps)", ylabel="ACF of step mean length",
-               title="Batch-length autocorrelation (mean over epochs; bars: s.d. over seeds)")
+               title="Batch-length autocorrelation (mean over epochs"
+                     + ("; bars: s.d. over seeds)" if several else "; one seed a strategy)"))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend(loc="upper right", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper right", fontsize=8)
         fig.tight_layout()
     return fig
 
@@ -420,7 +433,9 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
                 ax.set_yscale("log")  # the estimate spans decades; non-positive estimates (pure noise) are left out
             if not drawn:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
-        axes[0].set_title("Gradient diversity, (1 + B_simple) / (W + B_simple)\n(thin: seeds; thick: mean; band: seed range)")
+        several = "run" in measured and len(measured) and measured.groupby("strategy")["run"].nunique().min() > 1
+        axes[0].set_title("Gradient diversity, (1 + B_simple) / (W + B_simple)\n"
+                          + ("(thin: seeds; thick: mean; band: seed range)" if several else "(one seed a strategy)"))
         axes[1].set_title("Gradient noise scale (ratio of EMAs of unbiased estimates)")
         _legend(fig, style, axes)
     return fig
@@ -511,7 +526,7 @@ def heldout_by_length(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
 def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle,
                 disturbed: Sequence[str] = ()) -> dict[str, Figure]:
     """The eight figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones."""
-    return {
+    figures = {
         "frontier": frontier(per_run, style, disturbed),
         "heldout": heldout(steps, style),
         "throughput": throughput(per_run, steps, style, disturbed),
@@ -521,3 +536,27 @@ def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle
         "train_loss": train_loss(steps, style),
         "heldout_by_length": heldout_by_length(steps, style),
     }
+    for fig in figures.values():
+        readable_axes(fig)
+    return figures
+
+
+def readable_axes(fig: Figure) -> None:
+    """Token axes in engineering notation (``20k``, not ``20000``, which runs into its neighbours) and τ axes
+    at least :data:`TAU_MIN_SPAN` tall, so that a 0.01 difference in τ does not fill the panel."""
+    for ax in fig.axes:
+        if "tokens" in ax.get_xlabel() and "tokens/s" not in ax.get_xlabel():
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        if "τ" in ax.get_ylabel():
+            low, high = ax.get_ylim()
+            if high - low < TAU_MIN_SPAN:
+                middle = (low + high) / 2
+                low = max(middle - TAU_MIN_SPAN / 2, TAU_FLOOR)  # τ counts the target's own token: never below 1
+                ax.set_ylim(low, low + TAU_MIN_SPAN)
+
+
+def figure_captions(seeds: int) -> dict[str, str]:
+    """:data:`FIGURES`, saying what is drawn with ``seeds`` seeds a strategy (no seed band with one)."""
+    if seeds > 1:
+        return dict(FIGURES)
+    return {**FIGURES, "heldout": "Held-out loss and τ against tokens seen and training time (one seed: no band)"}

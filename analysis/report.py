@@ -119,11 +119,12 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     notes = table_notes(per_run, table, timing)
     ablation = ablation_section(per_run, out_dir, figure_dir)
     report.markdown = out_dir / "report.md"
+    captions = figs.figure_captions(int(per_run.groupby("strategy").size().min()) if len(per_run) else 0)
     report.markdown.write_text(render_markdown(title, facts, sentences, stats_sentences, formatted, notes,
-                                               comparisons, sweep.excluded, paths, ablation))
+                                               comparisons, sweep.excluded, paths, captions, ablation))
     report.html = out_dir / "report.html"
     report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
-                                       sweep.excluded, paths, style, ablation))
+                                       sweep.excluded, paths, captions, style, ablation))
     return report
 
 
@@ -213,6 +214,7 @@ STATS_HEADING = "Statistical comparison (every pair of strategies, paired by see
 
 
 def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
+                    figure_captions,
                     ablation: AblationSection | None = None) -> str:
     parts = [f"# {title}", "", "## Sweep", ""]
     parts += [f"- **{k}**: {v}" for k, v in facts]
@@ -229,7 +231,7 @@ def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, 
         parts += ["", f"## {abl.HEADING}", "", abl.section_markdown(ablation.table, ablation.sentences).rstrip("\n")]
         parts += ["", f"![{abl.HEADING}](figures/{png.name})", "", f"SVG: [figures/{svg.name}](figures/{svg.name})"]
     parts += ["", "## Figures", ""]
-    for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
+    for i, (name, caption) in enumerate(figure_captions.items(), start=1):
         png = paths[name][0]
         parts += [f"### {i}. {caption}", "", f"![{caption}](figures/{png.name})", "",
                   f"SVG: [figures/{paths[name][1].name}](figures/{paths[name][1].name})", ""]
@@ -273,6 +275,7 @@ def _html_table(header: list[str], rows: list[list[str]], colours: dict[str, str
 
 
 def render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
+                figure_captions,
                 style: figs.StrategyStyle, ablation: AblationSection | None = None) -> str:
     esc = html.escape
     body = [f"<h1>{esc(title)}</h1>", "<h2>Sweep</h2>", '<ul class="facts">']
@@ -294,7 +297,7 @@ def render_html(title, facts, sentences, stats_sentences, formatted, notes, comp
         body.append(f'<figure id="fig-ablation_steps"><img alt="{esc(abl.HEADING)}" '
                     f'src="data:image/png;base64,{data}"></figure>')
     body.append("<h2>Figures</h2>")
-    for i, (name, caption) in enumerate(figs.FIGURES.items(), start=1):
+    for i, (name, caption) in enumerate(figure_captions.items(), start=1):
         data = base64.b64encode(paths[name][0].read_bytes()).decode("ascii")
         body.append(f'<figure id="fig-{name}"><figcaption>{i}. {esc(caption)}</figcaption>'
                     f'<img alt="{esc(caption)}" src="data:image/png;base64,{data}"></figure>')

@@ -275,3 +275,48 @@ def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
                     for name in style.strategies]
         np.testing.assert_allclose(row, expected, rtol=1e-9, err_msg=stage)
     plt.close("all")
+
+
+def test_one_run_reports_only_what_it_can_show(sweep_dir, tmp_path, capsys):
+    """One strategy, one seed: no throughput ranking, no recurrence 'most/least' between one strategy and itself,
+    and captions and titles that promise no seed band."""
+    name = support.run_dir(sweep_dir, "packed", 0).name
+    copy = support.copy_sweep(sweep_dir, tmp_path / "sweep", runs=[name])
+    assert main([str(copy), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "One strategy in this sweep: nothing is compared." in text
+    for claim in ("has the highest throughput", "recurs most", "paired seed", "mean ± s.d. over seeds"):
+        assert claim not in text, claim
+    assert "Held-out loss and τ against tokens seen and training time (one seed: no band)" in text
+
+
+def test_axes_read_at_a_glance():
+    """Token axes in engineering notation (20k, not 20000); a τ axis at least TAU_MIN_SPAN tall and never
+    below TAU_FLOOR; an ACF whose white-noise band fills the panel is not drawn, a note says why."""
+    import matplotlib.pyplot as plt
+
+    from analysis import figures as figs
+
+    fig, (tokens, tau) = plt.subplots(1, 2)
+    tokens.plot([10_000, 15_000, 20_000, 25_000], [1, 2, 3, 4])
+    tokens.set_xlabel("tokens seen")
+    tau.plot([0, 1], [1.000, 1.011])
+    tau.set_ylabel("held-out τ")
+    figs.readable_axes(fig)
+    fig.canvas.draw()
+    labels = [label.get_text() for label in tokens.get_xticklabels() if label.get_text()]
+    assert "20k" in labels and not any(len(label) > 5 for label in labels), labels
+    low, high = tau.get_ylim()
+    assert high - low >= figs.TAU_MIN_SPAN - 1e-9 and low >= figs.TAU_FLOOR - 1e-9 and high >= 1.011
+    plt.close(fig)
+
+    def steps(n_steps):
+        rows = [{"run": f"{s}-0", "strategy": s, "seed": 0, "step": 1, "plan_acf": [0.9, 0.5, 0.1],
+                 "plan_steps": n_steps} for s in ("sorted", "packed")]
+        return pd.DataFrame(rows)
+
+    style = figs.StrategyStyle(["sorted", "packed"])
+    few, many = figs.acf(steps(9), style), figs.acf(steps(400), style)
+    assert not few.axes[0].lines[1:] and "too few steps" in " ".join(t.get_text() for t in few.axes[0].texts)
+    assert len(many.axes[0].containers) == 2 and not many.axes[0].texts  # one error bar series a strategy
+    plt.close("all")

@@ -564,3 +564,25 @@ def test_max_samples_caps_every_micro_batch(batchlab_cache):
                                                   "strategy=packed", "trainer.max_samples=3"]))
     plan = EpochData(config, Collectives(RankEnv())).plan_epoch(0)
     assert plan.micro_batch_sizes().max() == 3 and plan.budget_violations().size == 0
+
+
+def test_the_run_log_copies_what_the_process_prints(tmp_path, capsys):
+    """copied_to: stdout and stderr reach the terminal as they are and the log as whole lines, a progress bar as
+    its last state, a cleared bar not at all; nested blocks copy once; the streams are put back afterwards."""
+    import sys
+
+    from harness.train.run_log import copied_to
+
+    log = tmp_path / "run" / "train.log"
+    before = sys.stdout, sys.stderr
+    with copied_to(log):
+        print("data ✓ 40 samples")
+        sys.stderr.write("bar: 10%\rbar: 50%\rbar: 100%\n")
+        sys.stderr.write("\rconverting: 0 rows\r                  \r")
+        with copied_to(log):
+            print("closing line", flush=True)
+        sys.stderr.write("unfinished")
+    assert (sys.stdout, sys.stderr) == before
+    assert log.read_text() == "data ✓ 40 samples\nbar: 100%\nclosing line\nunfinished\n"
+    out, err = capsys.readouterr()
+    assert out == "data ✓ 40 samples\nclosing line\n" and err.startswith("bar: 10%\rbar: 50%")

@@ -122,6 +122,9 @@ def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache)
     ("trainer.max_tokn=512", "trainer has no setting 'max_tokn'; did you mean trainer.max_tokens?"),
     ("optim.lrr=0.1", "optim has no setting 'lrr'; did you mean optim.lr?"),
     ("sede=1", "sede is not a setting; did you mean seed?"),
+    ("+trainer.stop_tokenz=5", "+trainer.stop_tokenz=5: trainer has no setting 'stop_tokenz' (settings are typed: '+' "
+                               "cannot add one); did you mean trainer.stop_tokens?"),
+    ("+experiment=smoke", "experiment is in conf/train.yaml's defaults already; write experiment=smoke to choose it"),
 ])
 def test_a_misspelt_override_says_what_was_meant(argument, expected):
     from harness.cli.overrides import check_overrides

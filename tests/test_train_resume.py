@@ -21,6 +21,7 @@ from train_support import (
 )
 
 from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
+from harness.train.faults import TEST_FAIL_ENV
 from harness.train.run import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
@@ -124,30 +125,42 @@ def test_resume_on_other_data_is_refused_by_the_plan_fingerprint(tmp_path, batch
 
 
 def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, batchlab_cache):
-    """A typo in data.source is bad input: exit status 2, one line, the traceback in train.log, no config.json.
-    A run that starts and fails before its first checkpoint claims nothing: the same command, corrected, runs
-    in its place. A rerun with other settings over the finished run is refused with exit status 2 and one
-    line, and leaves the directory as it was (.hydra/*.yaml put back, config.json and the metrics untouched)."""
+    """A typo in data.source, or a sample over the budget under trainer.oversize=error, is bad input: exit status
+    2, one line, the traceback in train.log, no config.json. A run that starts and fails before its first
+    checkpoint claims nothing: the same command, corrected, runs in its place, and train.log holds the failed
+    rank's traceback and the new run's own lines. A rerun with other settings over the finished run is refused
+    with exit status 2 and one line, and leaves the directory as it was (.hydra/*.yaml put back, config.json and
+    the metrics untouched)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"input_ids": list(range(2, 40 + i))}) + "\n" for i in range(40)))
     run_dir = tmp_path / "run"
     base = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
             "data.max_documents=null", "data.vocab_size=300", "trainer.max_tokens=64", "trainer.stop_tokens=600",
             "trainer.eval_real_prompts=0", f"hydra.run.dir={run_dir}"]
-    typo = train_cli([*base, f"data.source={tmp_path / 'nope.jsonl'}"], cwd=tmp_path)
-    assert typo.returncode == 2, typo.stderr[-3000:]
-    lines = [line for line in typo.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "does not exist" in lines[0] and "traceback in " in lines[0], typo.stderr
-    assert not (run_dir / "config.json").exists() and "FileNotFoundError" in (run_dir / "train.log").read_text()
-    failed = train_cli([*base, f"data.source={data}", "trainer.oversize=error"], cwd=tmp_path)  # fails in the rank
+    for bad, named in ((f"data.source={tmp_path / 'nope.jsonl'}", "does not exist"),
+                       (f"data.source={data}", "more than trainer.max_tokens=64")):
+        typo = train_cli([*base, bad, "trainer.oversize=error"], cwd=tmp_path)
+        assert typo.returncode == 2, typo.stderr[-3000:]
+        lines = [line for line in typo.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and named in lines[0] and "traceback in " in lines[0], typo.stderr
+        assert not (run_dir / "config.json").exists() and "Traceback" in (run_dir / "train.log").read_text()
+    assert "trainer.oversize=drop" in lines[0] and "sample " in lines[0]  # the sample, the setting and the fix
+    failed = train_cli([*base, f"data.source={data}", "trainer.oversize=truncate"], cwd=tmp_path,
+                       env_extra={TEST_FAIL_ENV: "0:1:drafter_forward:raise"})  # fails in the rank, at step 1
     assert failed.returncode == 1 and (run_dir / "config.json").exists(), failed.stderr[-3000:]
+    assert "[rank 0] Traceback" in (run_dir / "train.log").read_text()
     corrected = train_cli([*base, f"data.source={data}", "trainer.oversize=drop"], cwd=tmp_path)
     assert corrected.returncode == 0, corrected.stderr[-3000:]
-    assert "held a run that stopped before its first checkpoint (trainer.oversize: 'error' -> 'drop')" in \
+    assert "held a run that stopped before its first checkpoint (trainer.oversize: 'truncate' -> 'drop')" in \
         corrected.stdout, corrected.stdout
+    assert re.search(r"^batchlab-train: data ✓ 40 samples: .*\(\d+\.\d s\)$", corrected.stdout, re.M), corrected.stdout
     closing = re.search(r"complete after (\d+) steps, ([\d,]+) tokens, \d+ s: held-out loss ([\d.]+), τ ([\d.]+), "
-                        r"τ real n/a, ([\d,]+) real tokens/s\n  results: (\S+); report: batchlab-report", corrected.stdout)
+                        r"τ real n/a, ([\d,]+) real tokens/s\n  results: (\S+)\n  report: batchlab-report (\S+)\n",
+                        corrected.stdout)
     assert closing, corrected.stdout[-2000:]
+    assert closing[7] == str(run_dir)
+    log = (run_dir / "train.log").read_text()  # the run's log holds everything the run printed
+    assert "[rank 0] Traceback" in log and closing[0] in log and "data ✓ 40 samples" in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (int(closing[1]), int(closing[2].replace(",", ""))) == (summary["steps"], summary["tokens_seen"])
     assert float(closing[3]) == pytest.approx(summary["eval_loss"], abs=5e-5) and closing[6] == str(run_dir / "summary.json")

@@ -16,6 +16,7 @@ from harness.data.samples import load_samples
 from harness.models.drafter import DFlashDrafter
 from harness.train.batch import BatchCollator
 from harness.train.checkpoint import checkpoint_paths
+from harness.train.config import run_config_from_dict
 from harness.train.run import run
 from harness.train.trainer import NonFiniteLoss
 from strategies import Budget, available_strategies, build_strategy
@@ -236,6 +237,35 @@ def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path
         assert not mask_b[:prompt].any() and mask_b[prompt:].all()  # the loss covers the new completion
         changed += list(ids_b[prompt:]) != list(ids_a[prompt:])
     assert changed > len(original) // 2  # the completions are the target's, not the corpus's
+
+
+def test_regenerated_completions_pin_the_target_that_wrote_them(tmp_path, monkeypatch):
+    """target.pretrained=embedded resolves the target from the run's data: after regeneration that data is the
+    target's own completions, so resolving it again would pretrain (and train the drafter on) another target.
+    The run's config must name the checkpoint that regenerated the data."""
+    from harness.eval import regenerate as regenerate_module
+    from harness.train import run as run_module
+
+    checkpoint = tmp_path / "target-ckpt"
+    calls = []
+
+    def fake_target_path(config, progress=False):
+        calls.append(config.data.source)
+        return str(checkpoint)
+
+    def fake_regenerate(data, target_spec, settings, progress=True):
+        assert target_spec == str(checkpoint)
+        return tmp_path / "regen", {"rows": 3}, True
+
+    monkeypatch.setattr(run_module, "pretrained_target_path", fake_target_path)
+    monkeypatch.setattr(regenerate_module, "regenerate", fake_regenerate)
+    config_dict = compose_config([*IN_PROCESS, "experiment=smoke", "target=tiny-pretrained",
+                                  "data=stdlib-regenerated"])
+    assert config_dict["target"]["pretrained"] == "embedded"
+    used = run_module._with_regenerated_completions(run_config_from_dict(config_dict), config_dict)
+    assert used["data"]["source"] == str(tmp_path / "regen") and used["data"]["completions"] == "corpus"
+    assert used["target"]["pretrained"] == str(checkpoint) and calls == ["stdlib"]
+    assert run_config_from_dict(used).target.pretrained == str(checkpoint)
 
 
 # ---------------------------------------------------------------- equal-token steps

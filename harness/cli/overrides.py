@@ -2,9 +2,10 @@
 option gets one line with "did you mean", instead of Hydra's list (which includes the strategies' internal
 ``*_schema`` entries) or its ``+key`` hint that ends in a type error.
 
-Only plain ``key=value`` overrides are checked, against the typed config tree (:class:`RunConfig`'s
-dataclasses) and the option files under ``conf/``; Hydra's own syntax (``+``, ``~``, ``@``, ``hydra.*``,
-``group/sub=``, sweeps written as functions) is left to Hydra.
+Plain ``key=value`` overrides (and ``+key=value`` into a typed section, which cannot add a key) are checked
+against the typed config tree (:class:`RunConfig`'s dataclasses) and the option files under ``conf/``; the
+rest of Hydra's syntax (``+group=option``, ``~``, ``@``, ``hydra.*``, ``group/sub=``, sweeps written as
+functions) is left to Hydra.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def _groups() -> list[str]:
 
 
 @functools.cache
+def _default_groups() -> frozenset[str]:
+    """The groups ``conf/train.yaml``'s defaults list chooses (``+group=`` would add a second choice)."""
+    import yaml
+
+    defaults = yaml.safe_load((CONF_DIR / "train.yaml").read_text()).get("defaults", [])
+    return frozenset(key.split("@")[0].removeprefix("override /") for entry in defaults if isinstance(entry, dict)
+                     for key in entry)
+
+
+@functools.cache
 def _fields(cls: type) -> dict[str, typing.Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints.get(f.name) for f in dataclasses.fields(cls)}
@@ -43,13 +54,19 @@ def _suggest(word: str, candidates: Sequence[str]) -> str:
 def check_override(argument: str, options_known: bool = True) -> str | None:
     """The problem with one override, in one sentence with its fix, or None (also for what Hydra checks itself).
     ``options_known=False`` (another config search path is given) leaves group options to Hydra."""
-    if argument.startswith(("-", "+", "~")) or "=" not in argument:
+    if argument.startswith(("-", "~")) or "=" not in argument:
         return None
     key, value = argument.split("=", 1)
+    adding = key.startswith("+")  # Hydra's "+key=value" adds a key: the typed tree has none to add
+    key = key.lstrip("+")
     if not key or "/" in key or "@" in key or key.split(".")[0] == "hydra":
         return None
     groups, top = _groups(), _fields(RunConfig)
     parts = key.split(".")
+    if adding and len(parts) == 1 and key in _default_groups():
+        return f"+{key}={value}: {key} is in conf/train.yaml's defaults already; write {key}={value} to choose it"
+    if adding and (parts[0] in groups and len(parts) == 1 or parts[0] not in top):
+        return None  # "+group=option" for a group outside the defaults, or a key Hydra reports itself
     if len(parts) == 1 and key in groups:
         if not options_known or any(c in value for c in "()$[]{}") or not value:
             return None
@@ -69,7 +86,8 @@ def check_override(argument: str, options_known: bool = True) -> str | None:
         if parts[1] not in fields:
             close = _suggest(parts[1], list(fields))
             close = close.replace("did you mean ", f"did you mean {parts[0]}.") if close else ""
-            return (f"{key}={value}: {parts[0]} has no setting {parts[1]!r}{close} "
+            typed = " (settings are typed: '+' cannot add one)" if adding else ""
+            return (f"{argument.split('=', 1)[0]}={value}: {parts[0]} has no setting {parts[1]!r}{typed}{close} "
                     f"(its settings: {', '.join(sorted(fields))})")
     return None
 

@@ -23,11 +23,14 @@ import math
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from harness.cli.errors import OneLineParser, add_verbose, describe, full_errors
 
 if TYPE_CHECKING:
     from strategies import CliOption, CostModel, Plan
@@ -45,7 +48,7 @@ class BadInput(ValueError):
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's argument parser."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="batchlab-plan",
         description="Plan epochs of a dataset's sample lengths under each batching strategy and "
         "compare padding efficiency, diversity and balance (no training).",
@@ -100,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also write plan_metrics.csv, plan_metrics.json, plan_tradeoff.png and plan_report.md into DIR",
     )
+    add_verbose(parser)
     return parser
 
 
@@ -392,7 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False
         rows = compare_strategies(lengths, args, names, show_progress)
     except (BadInput, LengthsSourceError, strategies.LengthsError, ValueError, OSError) as err:
-        return _fail(str(err))
+        if full_errors(args.verbose):
+            traceback.print_exc()
+        return _fail(describe(err))
 
     if args.json:
         print(json.dumps(_jsonable(rows), indent=2))

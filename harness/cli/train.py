@@ -17,9 +17,11 @@ import shutil
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from harness.train.config import CONF_DIR, register_schemas, resolved_dict
@@ -60,25 +62,30 @@ def _launcher_rank() -> int:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from harness.train.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, run
+    from harness.train.run_log import RUN_LOG, copied_to
 
     hydra_config = HydraConfig.get()
     run_dir = hydra_config.runtime.output_dir
     hydra_dir = Path(run_dir) / (hydra_config.output_subdir or ".hydra")
     config_dict = resolved_dict(cfg)
+    log = Path(run_dir) / RUN_LOG
     try:
         claim_run_dir(config_dict, Path(run_dir), bool(config_dict["trainer"]["resume"]), announce=False)
         if _launcher_rank() == 0:  # under an external torchrun / srun every rank runs this: one writes
             _keep_hydra_files(hydra_dir)
-        summary = run(config_dict, run_dir)
+        with copied_to(log):  # the directory is this run's: its log holds what it prints from here on
+            summary = run(config_dict, run_dir)
+            _print_report_command(hydra_config, run_dir, summary)
     except RunDirectoryInUse as refused:  # bad input: one message, the directory as it was
         restored = _launcher_rank() != 0 or _restore_hydra_files(hydra_dir)
         print(f"batchlab-train: {refused}" + ("" if restored else f" ({hydra_dir} now shows the refused settings; "
               "config.json holds the run's)"), file=sys.stderr, flush=True)
         sys.exit(2)
-    except BadInput as bad:  # one line; the traceback goes to the run's log
-        log = Path(run_dir) / f"{hydra_config.job.name}.log"
+    except BadInput as bad:  # one line; the traceback goes to the run's log (and the terminal with HYDRA_FULL_ERROR=1)
         with log.open("a") as file:
             traceback.print_exception(bad, file=file)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            traceback.print_exception(bad)
         print(f"batchlab-train: {bad} (traceback in {log})", file=sys.stderr, flush=True)
         sys.exit(2)
     except RankFailed as failed:  # the message says it all (rank, stage, step, the checkpoint); no traceback
@@ -91,10 +98,20 @@ def main(cfg: DictConfig) -> float | None:
     return summary.get("eval_loss") if summary else None
 
 
+def _print_report_command(hydra_config: Any, run_dir: str, summary: dict[str, Any] | None) -> None:
+    """The closing block's last line: the report over this run's sweep (a multirun) or over the run alone."""
+    if not summary or _launcher_rank() != 0:
+        return
+    reported = hydra_config.sweep.dir if hydra_config.mode == RunMode.MULTIRUN else run_dir
+    print(f"  report: batchlab-report {reported}", flush=True)
+
+
 def cli() -> None:
     """``batchlab-train``: a misspelt override fails here in one line (exit status 2), before Hydra starts."""
     from harness.cli.overrides import check_overrides
 
+    # datasets' own bars ("Saving the dataset") are not the run's progress; the ranks inherit the setting
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     problem = check_overrides(sys.argv[1:])
     if problem:
         print(f"batchlab-train: {problem}", file=sys.stderr, flush=True)

@@ -137,7 +137,7 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
             "root (data.source='stdlib' reads this interpreter's standard library)"
         )
     texts = [d.text for d in chosen]
-    tokenizer = train_tokenizer(texts, cfg.vocab_size, progress=progress)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
     offsets, input_ids, loss_mask = encode_prompt_completion(
         tokenizer, [d.prompt for d in chosen], [d.completion for d in chosen]
     )

@@ -183,6 +183,7 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
                     writer.write_batch(pa.record_batch([ids, mask], schema=out_schema))
                     rows += part.num_rows
                     bar.update(part.num_rows)
+            bar.refresh()  # its last state shows every row, not the count of its first draw
         except pa.ArrowInvalid as err:
             where = _first_bad_json_line(path) if path.suffix != ".parquet" else None
             raise DataSourceError(

@@ -22,7 +22,7 @@ PAD_TOKEN, EOS_TOKEN = SPECIAL_TOKENS
 ENCODE_BATCH = 512
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int, progress: bool = False):
+def train_tokenizer(texts: Sequence[str], vocab_size: int):
     """Train a byte-level BPE of at most ``vocab_size`` tokens on ``texts``.
 
     Returns:
@@ -38,7 +38,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, progress: bool = Fals
         vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=progress,
+        # tokenizers' own bars print blank lines in a log and take well under the corpus bar's time: off
+        show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return tokenizer

@@ -18,13 +18,18 @@ import shutil
 import sys
 from pathlib import Path
 
+from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+
 DEFAULT_TARGET = Path(__file__).resolve().parents[2] / "conf" / "target" / "tiny.yaml"
 
 
 def _documents(value: str) -> int | None:
     if value.lower() in ("all", "none"):
         return None
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a positive number of documents, or 'all'") from None
     if number < 1:
         raise argparse.ArgumentTypeError("give a positive number of documents, or 'all'")
     return number
@@ -34,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     from harness.pretrain.target import IMPLEMENTATIONS, PretrainConfig
 
     default = PretrainConfig()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="batchlab-pretrain-target",
         description="Pretrain the tiny Qwen3.5-style hybrid target on the embedded corpus's training split "
                     "(next-token LM), cached as a local Hugging Face checkpoint; report held-out perplexity.",
@@ -42,28 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
     data = parser.add_argument_group("data (the embedded stdlib corpus)")
     data.add_argument("--max-documents", type=_documents, default=800,
                       help="seeded subset of definitions, or 'all' (default 800)")
-    data.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (default 1024)")
+    data.add_argument("--vocab-size", type=at_least(int, 258), default=1024, help="BPE vocabulary size (default 1024)")
     data.add_argument("--cache-dir", default=None, help="cache directory (default $BATCHLAB_CACHE or ~/.cache/batchlab)")
     parser.add_argument("--target", default=str(DEFAULT_TARGET),
                         help="target config YAML (default conf/target/tiny.yaml); vocab_size follows the data")
     train = parser.add_argument_group("pretraining")
-    train.add_argument("--tokens", type=int, default=default.tokens, help=f"training tokens (default {default.tokens:,})")
-    train.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --tokens)")
-    train.add_argument("--lr", type=float, default=default.lr, help=f"peak learning rate (default {default.lr})")
-    train.add_argument("--max-tokens", type=int, default=default.max_tokens,
+    train.add_argument("--tokens", type=at_least(int, 1), default=default.tokens, help=f"training tokens (default {default.tokens:,})")
+    train.add_argument("--steps", type=at_least(int, 1), default=None, help="optimizer steps (overrides --tokens)")
+    train.add_argument("--lr", type=at_least(float, 0, above=True), default=default.lr, help=f"peak learning rate (default {default.lr})")
+    train.add_argument("--max-tokens", type=at_least(int, 2), default=default.max_tokens,
                        help=f"tokens per batch and longest window (default {default.max_tokens})")
     train.add_argument("--seed", type=int, default=default.seed, help="init and batch-order seed")
     train.add_argument("--implementation", choices=IMPLEMENTATIONS, default=default.implementation,
                        help="batchlab (packed rows, default: faster on CPU) or transformers (padded)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=at_least(int, 1), default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default=None, help="copy the checkpoint directory here too")
     parser.add_argument("--json", action="store_true", help="print meta.json (plus path, built) as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_verbose(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; 2 with one line on stderr for bad input (``--verbose``: and its traceback)."""
     args = build_parser().parse_args(argv)
+    return one_line_errors("batchlab-pretrain-target", lambda: pretrain(args), verbose=args.verbose)
+
+
+def pretrain(args: argparse.Namespace) -> int:
     import yaml
 
     from harness.data.config import DataConfig
@@ -74,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     data = DataConfig(max_documents=args.max_documents, vocab_size=args.vocab_size, cache_dir=args.cache_dir)
+    if not Path(args.target).is_file():
+        raise FileNotFoundError(f"--target {args.target}: no such target config; give a YAML of target keys such "
+                                f"as {DEFAULT_TARGET}")
     target_kwargs = yaml.safe_load(Path(args.target).read_text())
+    if not isinstance(target_kwargs, dict):
+        raise ValueError(f"--target {args.target}: not a mapping of target config keys; see {DEFAULT_TARGET}")
     target_kwargs.pop("vocab_size", None)  # the data's vocabulary
     settings = PretrainConfig(tokens=args.tokens, steps=args.steps, lr=args.lr, max_tokens=args.max_tokens,
                               seed=args.seed, implementation=args.implementation)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.data.samples import TokenizedSamples, heldout_split, load_samples, validate_samples
+from harness.data.samples import TokenizedSamples, ValidationReport, heldout_split, load_samples, validate_samples
 from harness.train import checkpoint as ckpt
 from harness.train.config import RunConfig
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
@@ -38,6 +38,66 @@ class EvalGroup:
     lengths: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The rows a run trains and evaluates on: the validated samples of each split after ``trainer.oversize``."""
+
+    train_report: ValidationReport
+    heldout_report: ValidationReport
+    train_rows: np.ndarray
+    heldout_rows: np.ndarray
+    oversize_dropped: int
+    oversize_truncated: int
+    max_tokens: int
+
+    def words(self) -> str:
+        """``92 of 114 training samples used (9 without a position to anchor a block, 13 over
+        trainer.max_tokens=1024 dropped)``."""
+        report = self.train_report.summary()
+        left_out = [f"{count} {why}" for count, why in (
+            (report["dropped_no_anchor"], "without a position to anchor a block (data.no_anchor)"),
+            (self.oversize_dropped, f"over trainer.max_tokens={self.max_tokens} dropped (trainer.oversize)"),
+            (self.oversize_truncated, f"over trainer.max_tokens={self.max_tokens} truncated to it"))
+            if count]
+        return f"{self.train_rows.size} of {report['checked']} training samples used" + (
+            f" ({', '.join(left_out)})" if left_out else "")
+
+
+def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
+    """Validate both splits and apply ``trainer.oversize`` ("drop" leaves samples out, counted; "truncate"
+    shortens them to the budget; "error" names the first one). Run once before any rank starts (bad data is
+    bad input) and again by every rank; a ValueError names the sample, the setting and the fix."""
+    vocab_size = int(config.target_kwargs.get("vocab_size") or 0)
+    train_rows, heldout_rows = heldout_split(len(samples), config.data)
+    check = dict(vocab_size=vocab_size, block_size=config.drafter_config.block_size, no_anchor=config.data.no_anchor)
+    train_report = validate_samples(samples, train_rows, **check)
+    heldout_report = validate_samples(samples, heldout_rows, **check)
+    max_tokens, policy = config.trainer.max_tokens, config.trainer.oversize
+
+    def apply_oversize(rows: np.ndarray) -> tuple[np.ndarray, int, int]:
+        over = samples.lengths[rows] > max_tokens
+        if not over.any():
+            return rows, 0, 0
+        if policy == "error":
+            first = int(rows[over][0])
+            raise ValueError(
+                f"sample {first} has {int(samples.lengths[first])} tokens, more than trainer.max_tokens="
+                f"{max_tokens} ({int(over.sum())} such samples); raise trainer.max_tokens or set "
+                "trainer.oversize=drop (leave them out, counted) or trainer.oversize=truncate"
+            )
+        if policy == "drop":
+            return rows[~over], int(over.sum()), 0
+        return rows, 0, int(over.sum())
+
+    train, dropped, truncated = apply_oversize(train_report.kept)
+    heldout, _, _ = apply_oversize(heldout_report.kept)
+    selection = Selection(train_report, heldout_report, train, heldout, dropped, truncated, max_tokens)
+    if train.size == 0:
+        raise ValueError(f"no training sample is left: {selection.words()}; raise trainer.max_tokens or "
+                         "check the data source")
+    return selection
+
+
 class EpochData:
     state_version = 1
 
@@ -50,19 +110,11 @@ class EpochData:
         if self.env.is_main:
             comm.barrier()
         drafter = config.drafter_config
-        vocab_size = int(config.target_kwargs.get("vocab_size") or 0)
-        train_rows, heldout_rows = heldout_split(len(self.samples), config.data)
-        check = dict(vocab_size=vocab_size, block_size=drafter.block_size, no_anchor=config.data.no_anchor)
-        self.train_report = validate_samples(self.samples, train_rows, **check)
-        self.heldout_report = validate_samples(self.samples, heldout_rows, **check)
+        self.selection = select_rows(config, self.samples)
+        self.train_report, self.heldout_report = self.selection.train_report, self.selection.heldout_report
+        self.train_rows, self.heldout_rows = self.selection.train_rows, self.selection.heldout_rows
+        self.oversize_dropped, self.oversize_truncated = self.selection.oversize_dropped, self.selection.oversize_truncated
         self.budget = Budget(config.trainer.max_tokens, config.trainer.max_samples)
-        # The oversize policy is applied once here, not by every epoch's plan: "drop" leaves the samples
-        # out (counted), "truncate" shortens them to the budget, "error" names the first one.
-        self.train_rows, self.oversize_dropped, self.oversize_truncated = self._apply_oversize(self.train_report.kept)
-        self.heldout_rows, _, _ = self._apply_oversize(self.heldout_report.kept)
-        if self.train_rows.size == 0:
-            raise ValueError(f"no training sample is left: {self.selection_words()}; raise trainer.max_tokens or "
-                             "check the data source")
         self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
         self.strategy = build_strategy(config.strategy_name, **config.strategy_options)
         self.fingerprint = ckpt.plan_fingerprint(
@@ -109,33 +161,8 @@ class EpochData:
         return groups
 
     def selection_words(self) -> str:
-        """Which training samples the run uses, in words: ``92 of 114 training samples used (9 without a position
-        to anchor a block, 13 over trainer.max_tokens=1024 dropped)``."""
-        report = self.train_report.summary()
-        left_out = [f"{count} {why}" for count, why in (
-            (report["dropped_no_anchor"], "without a position to anchor a block (data.no_anchor)"),
-            (self.oversize_dropped, f"over trainer.max_tokens={self.budget.max_tokens} dropped (trainer.oversize)"),
-            (self.oversize_truncated, f"over trainer.max_tokens={self.budget.max_tokens} truncated to it"))
-            if count]
-        return f"{self.train_rows.size} of {report['checked']} training samples used" + (
-            f" ({', '.join(left_out)})" if left_out else "")
-
-    def _apply_oversize(self, rows: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """(rows kept, how many dropped, how many truncated) under ``trainer.oversize``."""
-        over = self.samples.lengths[rows] > self.budget.max_tokens
-        policy = self.config.trainer.oversize
-        if not over.any():
-            return rows, 0, 0
-        if policy == "error":
-            first = int(rows[over][0])
-            raise ValueError(
-                f"sample {first} has {int(self.samples.lengths[first])} tokens, more than trainer.max_tokens="
-                f"{self.budget.max_tokens} ({int(over.sum())} such samples); raise trainer.max_tokens or set "
-                "trainer.oversize=drop (leave them out, counted) or trainer.oversize=truncate"
-            )
-        if policy == "drop":
-            return rows[~over], int(over.sum()), 0
-        return rows, 0, int(over.sum())
+        """Which training samples the run uses, in words (:meth:`Selection.words`)."""
+        return self.selection.words()
 
     # ---------------------------------------------------------------- plans
     def plan_epoch(self, epoch: int) -> Plan:

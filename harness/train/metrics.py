@@ -146,7 +146,7 @@ class WandbSink:
         self._guard("summary", write)
 
     def location(self) -> str:
-        url = getattr(self.run, "url", None)
+        url = None if getattr(self.run, "offline", False) else getattr(self.run, "url", None)  # .url warns offline
         return f"W&B {url}" if url else f"W&B offline run in {Path(self.run.dir).parent} (wandb sync to upload)"
 
     def close(self, failed: bool = False) -> None:

@@ -23,7 +23,6 @@ import os
 import resource
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -261,7 +260,7 @@ class Trainer:
               f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: held-out loss "
               f"{number('eval_loss', '.4f')}, τ {number('eval_tau', '.2f')}, τ real {number('eval_tau_real', '.2f')}, "
               f"{number('tokens_per_second', ',.0f')} real tokens/s\n"
-              f"  results: {'; '.join(where)}; report: batchlab-report {Path(self.run_dir).parent} --out report/",
+              f"  results: {'; '.join(where)}",
               flush=True)
 
     def _progress_bar(self) -> Any:

@@ -97,3 +97,36 @@ def test_sampled_regeneration_draws_from_the_targets_tempered_distribution(decod
     assert again == decode_rows(target, [prompt] * 50, [4] * 50, settings, batch_size=50, decoder=decoder)
     other = RegenerateSettings(max_new_tokens=1, temperature=temperature, seed=4)
     assert again != decode_rows(target, [prompt] * 50, [4] * 50, other, batch_size=50, decoder=decoder)
+
+
+@pytest.mark.parametrize("decoder", ["hf", "recompute"])
+def test_every_assistant_turn_is_regenerated_given_the_regenerated_turns_before_it(tmp_path, decoder):
+    """A conversation's assistant turns (supervised spans) are regenerated first to last: turn 2 continues the
+    row as it now reads (prompt, regenerated turn 1, the user's turn 2), each stops at the end-of-turn token,
+    the user's turns and the closing tokens stay, and only the replies are supervised."""
+    eos = 3
+    ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24]]
+    masks = [[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
+    dataset = Dataset(InMemoryTable(table))
+    samples = TokenizedSamples(dataset, samples_module._lengths(dataset), "conversations", "2" * 64)
+    torch.manual_seed(0)
+    target = HybridTarget(TINY)
+    settings = RegenerateSettings(max_new_tokens=8, eos_id=eos)
+    path, meta, _ = regenerate(DataConfig(source="stdlib", cache_dir=str(tmp_path)), TINY, settings, progress=False,
+                               samples=samples, target=target, decoder=decoder)
+    assert meta["turns_regenerated"] == 3
+    (row_ids, row_mask), (single_ids, single_mask) = load_samples(
+        DataConfig(source=str(path), cache_dir=str(tmp_path)), progress=False).samples(range(2))
+    row_ids, row_mask = row_ids.tolist(), [int(m) for m in row_mask]
+
+    def turn(prefix, length):
+        tokens = greedy_decode(target, prefix, length)
+        return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
+
+    first = turn([5, 6], 3)
+    second = turn([5, 6, *first, 10, 11, 12], 3)
+    assert row_ids == [5, 6, *first, 10, 11, 12, *second, 16]
+    assert row_mask == [0, 0] + [1] * len(first) + [0, 0, 0] + [1] * len(second) + [0]
+    assert single_ids.tolist() == [20, 21, *turn([20, 21], 3)]  # one completion: the prompt and the reply

@@ -127,3 +127,17 @@ def _remove_stale_tmp(cache_dir: Path, prefix: str, key: str) -> None:
         with contextlib.suppress(OSError):
             if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """``datasets``' own progress bars ("Saving the dataset") off within the block: batchlab shows its own."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STDLIB_SOURCE = "stdlib"
+STDLIB_CHAT_SOURCE = "stdlib-chat"
+FORMATS = ("auto", "tokenized", "conversations")
+INCOMPLETE_CHOICES = ("trim", "drop", "error")
 NO_ANCHOR_CHOICES = ("drop", "error")
 # 256 byte-level symbols + the two special tokens: the smallest vocabulary a byte-level BPE can have.
 MIN_VOCAB_SIZE = 258
@@ -27,7 +30,8 @@ class DataConfig:
 
     Attributes:
         source: ``"stdlib"`` (the embedded corpus: this interpreter's standard library, split into
-            top-level functions and classes), a directory written by ``save_to_disk``, a ``.parquet``
+            top-level functions and classes), ``"stdlib-chat"`` (the same definitions as conversations,
+            :mod:`harness.data.chat_corpus`), a directory written by ``save_to_disk``, a ``.parquet``
             file or a ``.jsonl`` file with an ``input_ids`` column (and optionally ``loss_mask``).
         split: split of a saved ``DatasetDict`` (not needed when it has a single split).
         max_documents: seeded subset of the embedded corpus (``None``: all of it); applied before
@@ -43,6 +47,14 @@ class DataConfig:
             ``"drop"`` (dropped and counted) or ``"error"``.
         cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
             ``~/.cache/batchlab``.
+        format: ``"auto"`` (conversations when the source has a ``messages`` or ``conversations`` column and
+            no ``input_ids``), ``"tokenized"`` (``input_ids`` + ``loss_mask``) or ``"conversations"``
+            (OpenAI ``messages`` or ShareGPT ``conversations``, :mod:`harness.data.chat`).
+        tokenizer: conversations only: a local Hugging Face tokenizer directory whose chat template is
+            applied (``None``: the target checkpoint's own when ``target.pretrained`` is one, the embedded
+            chat tokenizer for ``source=stdlib-chat``).
+        incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med
+            after its last assistant turn, ``"drop"``-ped, or an ``"error"`` (counted either way).
         completions: ``"corpus"`` (the data's own completions) or ``"regenerated"``: every prompt's
             completion regenerated greedily by the run's (pretrained) target before training, as the
             anchor trainers do, so that the drafter learns the target's distribution
@@ -60,8 +72,16 @@ class DataConfig:
     no_anchor: str = "drop"
     cache_dir: str | None = None
     completions: str = "corpus"
+    format: str = "auto"
+    tokenizer: str | None = None
+    incomplete: str = "trim"
 
     def __post_init__(self) -> None:
+        for name, choices in (("format", FORMATS), ("incomplete", INCOMPLETE_CHOICES)):
+            if getattr(self, name) not in choices:
+                raise DataConfigError(f"data.{name}={getattr(self, name)!r}: choose one of {list(choices)}")
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise DataConfigError(f"data.tokenizer={self.tokenizer!r}: give a local tokenizer directory, or null")
         if self.completions not in ("corpus", "regenerated"):
             raise DataConfigError(
                 f"data.completions={self.completions!r}: give 'corpus' (the data's own completions) or "

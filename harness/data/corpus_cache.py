@@ -152,7 +152,7 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
             "name": pa.array([d.name for d in chosen], type=pa.string()),
         }
     )
-    with _progress_bars(progress):
+    with cache.quiet_datasets():
         datasets.Dataset(InMemoryTable(table)).save_to_disk(str(tmp))
     save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
     lengths = np.diff(offsets)
@@ -207,28 +207,3 @@ def _documents(cache_dir: Path, corpus_key: str, root: Path, paths: list[Path], 
     summary = {k: meta[k] for k in ("root", "python", "files", "skipped_files", "documents",
                                     "skipped_empty_completion")}
     return documents, summary
-
-
-class _progress_bars:
-    """Turn ``datasets``' own progress bars off for the duration when ``progress`` is False."""
-
-    def __init__(self, progress: bool):
-        self.progress = progress
-        self.was_disabled = False
-
-    def __enter__(self):
-        import datasets
-
-        self.was_disabled = datasets.are_progress_bars_disabled()
-        if not self.progress:
-            datasets.disable_progress_bars()
-        return self
-
-    def __exit__(self, *exc):
-        import datasets
-
-        if self.was_disabled:
-            datasets.disable_progress_bars()
-        else:
-            datasets.enable_progress_bars()
-        return False

@@ -55,7 +55,8 @@ class TokenizedSamples:
         source: human-readable description.
         fingerprint: sha256 hex of the data identity (cache hash; or the source files' paths, sizes
             and mtimes with the split and options).
-        tokenizer_path: ``tokenizer.json`` of the embedded corpus, else None.
+        tokenizer_path: ``tokenizer.json`` of the embedded corpus, the tokenizer directory whose chat template
+            made the samples of conversations, else None.
         vocab_size: the tokenizer's vocabulary size when known, else None.
     """
 
@@ -181,6 +182,8 @@ def load_samples(
             lengths=_lengths(loaded.dataset),
             source=loaded.description,
             fingerprint=loaded.fingerprint,
+            tokenizer_path=loaded.tokenizer_path,
+            vocab_size=loaded.vocab_size,
         )
     return samples
 

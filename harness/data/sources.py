@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from harness.data import cache
-from harness.data.config import DataConfig
+from harness.data.config import STDLIB_CHAT_SOURCE, DataConfig
 from harness.data.errors import DataValidationError
 from harness.data.lengths import select_split
 
@@ -55,14 +55,24 @@ class LoadedSource:
     dataset: object  # datasets.Dataset with input_ids and loss_mask
     description: str
     fingerprint: str
+    tokenizer_path: str | None = None  # conversations: the tokenizer whose chat template was applied
+    vocab_size: int | None = None
 
 
 def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
-    """Open ``cfg.source`` (not the embedded corpus) as a memory-mapped ``datasets.Dataset``."""
+    """Open ``cfg.source`` (not the embedded corpus) as a memory-mapped ``datasets.Dataset``; conversations are
+    tokenized with their chat template first (cached)."""
+    if cfg.source == STDLIB_CHAT_SOURCE:
+        from harness.data.chat_corpus import stdlib_chat
+
+        conversations, tokenizer, _ = stdlib_chat(cfg, progress=progress)
+        return _load_conversations(conversations, cfg, progress, tokenizer=cfg.tokenizer or str(tokenizer))
     path = Path(cfg.source).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"data.source={cfg.source!r} does not exist; give {SUPPORTED}")
     path = path.resolve()
+    if _is_conversations(path, cfg):
+        return _load_conversations(path, cfg, progress, tokenizer=cfg.tokenizer)
     if path.is_dir():
         return _load_saved(path, cfg, progress)
     if cfg.split is not None:
@@ -91,6 +101,60 @@ def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
     dataset = datasets.Dataset.from_file(str(entry / DATA_FILE))
     note = "" if meta.get("loss_mask_given") else ", loss_mask filled (all but the first token)"
     return LoadedSource(dataset, f"{kind} {path} ({len(dataset)} rows{note})", fingerprint)
+
+
+# -- conversations -------------------------------------------------------------------------------
+def _is_conversations(path: Path, cfg: DataConfig) -> bool:
+    """``data.format``, or for ``auto`` whether the source has a conversation column and no input_ids."""
+    if cfg.format != "auto":
+        return cfg.format == "conversations"
+    from harness.data.chat import conversation_column
+
+    names = _column_names(path, cfg.split)
+    return names is not None and "input_ids" not in names and conversation_column(names) is not None
+
+
+def _column_names(path: Path, split: str | None) -> list[str] | None:
+    """The source's columns (the first line's keys for JSON lines); None when they cannot be read here."""
+    import json
+
+    try:
+        if path.is_dir():
+            import datasets
+
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                loaded = loaded[split] if split in loaded else next(iter(loaded.values()))
+            return loaded.column_names
+        if path.suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).schema_arrow.names
+        with path.open() as lines:
+            first = next((line for line in lines if line.strip()), "")
+        record = json.loads(first) if first else None
+        return list(record) if isinstance(record, dict) else None
+    except (OSError, ValueError, pa.ArrowInvalid):
+        return None  # the tokenized path names the problem
+
+
+def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: str | None) -> LoadedSource:
+    from harness.data.chat_tokenize import tokenized_conversations
+
+    if tokenizer is None:
+        raise DataSourceError(
+            f"{path} holds conversations: give data.tokenizer=DIR, a local Hugging Face tokenizer directory with "
+            "the target's chat template (a pretrained target's checkpoint gives its own), or data.source="
+            "stdlib-chat for the embedded chat corpus")
+    arrow, meta, fingerprint = tokenized_conversations(Path(path), cfg.split, tokenizer, cfg.incomplete,
+                                                       cfg.resolved_cache_dir(), progress)
+    import datasets
+
+    dataset = datasets.Dataset.from_file(str(arrow))
+    description = (f"{meta['words']} from {path}, chat template of {meta['tokenizer']} (assistant-only loss "
+                   f"mask from its {meta['mask']})")
+    return LoadedSource(dataset, description, fingerprint, tokenizer_path=meta["tokenizer"],
+                        vocab_size=int(meta["vocab_size"]))
 
 
 # -- save_to_disk directories --------------------------------------------------------------------

@@ -4,7 +4,8 @@ SpecForge (``scripts/regenerate_train_data.py``) and vLLM speculators (``respons
 regenerate the responses of the training prompts with the target before training a drafter, so that
 the drafter learns the target's own distribution rather than the dataset's (docs/design.md §11,
 "Target and acceptance"). This does the same for batchlab's samples: every row keeps its prompt (the
-leading ``loss_mask == 0`` tokens) and gets the target's continuation, greedy (``--temperature 0``,
+leading ``loss_mask == 0`` tokens) and gets the target's continuation (a conversation: every assistant turn
+in order, each given the regenerated turns before it and the user's turns between them), greedy (``--temperature 0``,
 the default) or sampled, as long as the original completion (capped by ``--max-new-tokens``) or
 until ``--eos-id``. Rows keep their order and count, so :func:`~harness.data.samples.heldout_split`
 holds out the same rows (the same prompts) as on the source; a row without a prompt is copied
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -42,7 +44,7 @@ from harness.data.samples import TokenizedSamples, load_samples
 from harness.eval.speculative import _inference
 
 PREFIX = "regen"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every supervised span regenerated, the tokens after the last one kept
 DATASET_DIR = "dataset"
 #: seed of a random-weight target built from a config (equal to harness.train.modules.TARGET_INIT_SEED)
 TARGET_INIT_SEED = 0
@@ -172,32 +174,61 @@ def _forward_logits(target: Any, docs: Sequence[Sequence[int]]) -> torch.Tensor:
     return target.lm_head(target.model.norm(hidden[rows, last]))
 
 
+def supervised_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, end)`` of every run of supervised tokens: a completion, or each assistant turn of a conversation."""
+    edges = np.diff(np.concatenate([[0], (np.asarray(mask) != 0).astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
 def regenerate_samples(
     samples: TokenizedSamples, target: Any, settings: RegenerateSettings, *, batch_size: int = 32,
     progress: bool = False, decoder: str = "hf",
 ) -> tuple[dict[str, list], dict[str, Any]]:
-    """Columns ``input_ids`` / ``loss_mask`` with regenerated completions, and a summary."""
+    """Columns ``input_ids`` / ``loss_mask`` with regenerated completions, and a summary.
+
+    Every supervised span is regenerated in turn (a conversation's assistant turns, first to last), each
+    given everything before it as the row now reads: the regenerated turns before it and the original
+    unsupervised tokens between them (the user's turns); tokens after the last span are kept. A row with
+    one span ending the row (a prompt and its completion) is its prompt and the target's completion."""
     rows = samples.samples(range(len(samples)))
-    prompts, lengths, keep_as_is = [], [], []
-    for ids, mask in rows:
-        supervised = np.flatnonzero(mask)
-        cut = int(supervised[0]) if supervised.size else int(ids.size)
-        keep_as_is.append(cut == 0)
-        start = 0 if settings.max_prompt_tokens is None else max(0, cut - settings.max_prompt_tokens)
-        prompts.append([int(x) for x in ids[start:cut]] if cut else [0])
-        lengths.append(0 if cut == 0 else min(int(ids.size) - cut, settings.max_new_tokens))
-    completions = decode_rows(target, prompts, lengths, settings, batch_size=batch_size, progress=progress,
-                              decoder=decoder)
-    input_ids, loss_mask = [], []
-    for (ids, mask), prompt, completion, as_is in zip(rows, prompts, completions, keep_as_is):
-        if as_is:
-            input_ids.append([int(x) for x in ids])
-            loss_mask.append([int(x) for x in mask])
+    spans = [supervised_spans(mask) for _, mask in rows]
+    keep_as_is = [not row_spans or row_spans[0][0] == 0 for row_spans in spans]
+    input_ids: list[list[int]] = [[] for _ in rows]
+    loss_mask: list[list[int]] = [[] for _ in rows]
+    regenerated = 0
+    for turn in range(max((len(s) for s in spans), default=0)):
+        active = [r for r, row_spans in enumerate(spans) if not keep_as_is[r] and turn < len(row_spans)]
+        prompts, lengths = [], []
+        for r in active:
+            ids = rows[r][0]
+            start, end = spans[r][turn]
+            before = spans[r][turn - 1][1] if turn else 0
+            input_ids[r] += [int(x) for x in ids[before:start]]
+            loss_mask[r] += [0] * (start - before)
+            cut = len(input_ids[r])
+            first = 0 if settings.max_prompt_tokens is None else max(0, cut - settings.max_prompt_tokens)
+            prompts.append(input_ids[r][first:])
+            lengths.append(min(end - start, settings.max_new_tokens))
+        completions = decode_rows(target, prompts, lengths, settings, batch_size=batch_size,
+                                  progress=progress and turn == 0, decoder=decoder)
+        for r, prompt, completion in zip(active, prompts, completions):
+            if settings.max_prompt_tokens is not None and turn == 0:  # the row starts where its prompt does
+                input_ids[r] = list(prompt)
+                loss_mask[r] = [0] * len(prompt)
+            input_ids[r] += completion
+            loss_mask[r] += [1] * len(completion)
+            regenerated += len(completion)
+    for r, (ids, mask) in enumerate(rows):
+        if keep_as_is[r]:
+            input_ids[r], loss_mask[r] = [int(x) for x in ids], [int(x) for x in mask]
         else:
-            input_ids.append(prompt + completion)
-            loss_mask.append([0] * len(prompt) + [1] * len(completion))
+            tail = spans[r][-1][1]
+            if tail < len(ids):  # the tokens after the last reply (a conversation's closing newline)
+                input_ids[r] += [int(x) for x in ids[tail:]]
+                loss_mask[r] += [0] * (len(ids) - tail)
     summary = {"rows": len(rows), "rows_copied_without_prompt": int(sum(keep_as_is)),
-               "regenerated_tokens": int(sum(len(c) for c in completions))}
+               "regenerated_tokens": int(regenerated),
+               "turns_regenerated": int(sum(len(s) for s, as_is in zip(spans, keep_as_is) if not as_is))}
     return {"input_ids": input_ids, "loss_mask": loss_mask}, summary
 
 
@@ -230,8 +261,16 @@ def regenerate(
     data: DataConfig, target_spec: str | Path, settings: RegenerateSettings, *, batch_size: int = 32,
     progress: bool = True, samples: TokenizedSamples | None = None, target: Any = None, decoder: str = "hf",
 ) -> tuple[Path, dict[str, Any], bool]:
-    """The cached regenerated dataset of ``data`` by ``target_spec``: ``(dataset_dir, meta, built)``."""
+    """The cached regenerated dataset of ``data`` by ``target_spec``: ``(dataset_dir, meta, built)``.
+
+    Conversations stop each regenerated turn at their chat tokenizer's end-of-turn token unless
+    ``settings.eos_id`` says otherwise."""
     samples = samples if samples is not None else load_samples(data, progress=progress)
+    if settings.eos_id is None and samples.tokenizer_path and Path(samples.tokenizer_path).is_dir():
+        from transformers import AutoTokenizer
+
+        eos = AutoTokenizer.from_pretrained(samples.tokenizer_path, local_files_only=True).eos_token_id
+        settings = dataclasses.replace(settings, eos_id=eos)
     key = cache.digest({
         "format": FORMAT_VERSION, "data": samples.fingerprint, "target": target_identity(target_spec),
         "vocab_size": samples.vocab_size, "settings": settings.__dict__, "decoder": decoder,
@@ -246,7 +285,8 @@ def regenerate(
                                               decoder=decoder)
         features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                                       "loss_mask": datasets.Sequence(datasets.Value("int8"))})
-        datasets.Dataset.from_dict(columns, features=features).save_to_disk(str(tmp / DATASET_DIR))
+        with cache.quiet_datasets():
+            datasets.Dataset.from_dict(columns, features=features).save_to_disk(str(tmp / DATASET_DIR))
         return {**summary, "source": samples.source, "data_fingerprint": samples.fingerprint,
                 "target": str(target_spec), "settings": settings.__dict__, "decoder": decoder, "seconds": time.perf_counter() - start}
 
@@ -263,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-documents", type=at_least(int, 0), default=DataConfig.max_documents,
                         help="data.max_documents of the embedded corpus (default %(default)s; 0: all)")
     parser.add_argument("--vocab-size", type=int, default=DataConfig.vocab_size, help="data.vocab_size")
+    parser.add_argument("--tokenizer", default=None,
+                        help="data.tokenizer: conversations only, the local tokenizer directory whose chat template "
+                             "is applied (default: the --target checkpoint's own, when it has one)")
     parser.add_argument("--cache-dir", default=None, help="data.cache_dir (default: $BATCHLAB_CACHE or ~/.cache/batchlab)")
     parser.add_argument("--target", default=str(Path(__file__).resolve().parents[2] / "conf" / "target" / "tiny.yaml"),
                         help="a target checkpoint directory, or a target config (random weights); default conf/target/tiny.yaml")
@@ -293,8 +336,12 @@ def _regenerate_command(args: argparse.Namespace) -> int:
     if target.is_dir() and not (target / "config.json").is_file():
         raise FileNotFoundError(f"--target {args.target}: not a checkpoint directory (no config.json); give one "
                                 "written by save_pretrained or batchlab-pretrain-target --out DIR")
+    tokenizer = args.tokenizer
+    if tokenizer is None and target.is_dir() and any((target / name).is_file() for name in
+                                                     ("tokenizer_config.json", "tokenizer.json")):
+        tokenizer = str(target)
     data = DataConfig(source=args.source, max_documents=args.max_documents or None, vocab_size=args.vocab_size,
-                      cache_dir=args.cache_dir)
+                      cache_dir=args.cache_dir, tokenizer=tokenizer)
     settings = RegenerateSettings(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                                   temperature=args.temperature, seed=args.seed, eos_id=args.eos_id)
     path, meta, built = regenerate(data, args.target, settings, batch_size=args.batch_size,

@@ -168,7 +168,8 @@ def pretrained_target(
         "data": samples.fingerprint,
         "heldout": {"fraction": data.heldout_fraction, "max": data.max_heldout, "seed": data.heldout_seed,
                     "rows": len(samples)},
-        "tokenizer": _file_sha256(tokenizer) if tokenizer else None,
+        "tokenizer": (None if tokenizer is None else _file_sha256(tokenizer) if tokenizer.is_file()
+                      else cache.digest(cache.tree_signature(tokenizer))),  # a chat tokenizer's directory
         "target": _config_identity(config),
         "settings": dataclasses.asdict(settings),
     }

@@ -92,6 +92,21 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 
+#: files that make a checkpoint directory a Hugging Face tokenizer too
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def _with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """Conversations are tokenized with the target's own tokenizer and chat template by default: with
+    ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint directory that holds a tokenizer, the
+    config names it; any other config as it is."""
+    checkpoint = Path(str(config.target.pretrained or ""))
+    if (config.data.tokenizer is not None or not config.target.pretrained or config.target.pretrained == EMBEDDED_TARGET
+            or not any((checkpoint / name).is_file() for name in TOKENIZER_FILES)):
+        return config_dict
+    return {**config_dict, "data": {**config_dict["data"], "tokenizer": str(checkpoint)}}
+
+
 def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
     """``data.completions=regenerated``: the config with ``data.source`` pointing at the target's regenerated
     completions of the same prompts (built once, cached); any other config as it is."""
@@ -305,17 +320,34 @@ def claim_run_dir(config_dict: dict[str, Any], run_dir: Path, resume: bool = Tru
               f"({'; '.join(differences)}); this run takes its place", flush=True)
 
 
+def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """The config a run records and trains with: the target checkpoint's tokenizer for conversations, the
+    regenerated completions (built once, cached) with the target that wrote them. Idempotent; bad input raises
+    :class:`BadInput`."""
+    try:
+        config = run_config_from_dict(config_dict)  # fail here, before any process starts
+        config_dict = _with_target_tokenizer(config, config_dict)
+        return _with_regenerated_completions(run_config_from_dict(config_dict), config_dict)
+    except (ValueError, FileNotFoundError) as error:
+        raise BadInput(str(error)) from error
+
+
 def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
     """A whole run from a resolved config: validate, build the data cache once, start the ranks, train.
 
-    Bad input found before the ranks start (a setting, the data source, another run in the directory)
-    raises :class:`BadInput` (:class:`RunDirectoryInUse` for the directory) and writes nothing there."""
+    Bad input found before the ranks start (a setting, the data source) raises :class:`BadInput` and writes
+    no ``config.json``; a directory holding another run raises :class:`RunDirectoryInUse` and is left as it
+    was. Once the directory is the run's, what the run prints is also appended to its ``train.log``."""
     run_dir = Path(run_dir)
+    config_dict = prepared_config(config_dict)
+    config = run_config_from_dict(config_dict)
+    claim_run_dir(config_dict, run_dir, config.trainer.resume)
+    with copied_to(run_dir / RUN_LOG):
+        return _run_claimed(config_dict, config, run_dir)
+
+
+def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dict[str, Any]:
     try:
-        config = run_config_from_dict(config_dict)  # fail here, before any process starts
-        config_dict = _with_regenerated_completions(config, config_dict)
-        config = run_config_from_dict(config_dict)
-        claim_run_dir(config_dict, run_dir, config.trainer.resume)
         done = complete_summary(run_dir) if config.trainer.resume else None
         if done is not None:
             print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
@@ -326,8 +358,6 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
         if samples.tokenizer_path:
             print(f"batchlab-train: tokenizer ✓ {samples.tokenizer_path}", flush=True)
         select_rows(config, samples)  # bad data (oversize=error, nothing left) is bad input, found here
-    except RunDirectoryInUse:
-        raise
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error
     run_dir.mkdir(parents=True, exist_ok=True)

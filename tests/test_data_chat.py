@@ -1,0 +1,248 @@
+"""Conversations: both schemas in JSON lines, parquet and save_to_disk; the chat template applied by the
+tokenizer; the loss mask on assistant tokens only (generation markers, or turn by turn with its round trip);
+data.incomplete; every bad input named by row; the embedded chat corpus; a training run end to end."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import datasets
+import pandas as pd
+import pytest
+
+from harness.data.chat import ConversationError
+from harness.data.chat_corpus import CHAT_TEMPLATE
+from harness.data.chat_tokenize import MARKERS, TURN_BY_TURN, load_chat_tokenizer
+from harness.data.config import DataConfig
+from harness.data.errors import DataValidationError
+from harness.data.samples import load_samples, validate_samples
+
+VOCAB = 514
+#: ChatML without generation markers: the mask is then taken turn by turn
+PLAIN_TEMPLATE = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name a sorting function."},
+    {"role": "assistant", "content": "sorted(iterable)"},
+    {"role": "user", "content": "And one that sorts in place?"},
+    {"role": "assistant", "content": "list.sort()"},
+]
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(batchlab_cache, tmp_path_factory) -> Path:
+    """The embedded chat tokenizer (generation markers), copied so that tests can change its template."""
+    samples = load_samples(DataConfig(source="stdlib-chat", max_documents=40, vocab_size=VOCAB), progress=False)
+    copy = tmp_path_factory.mktemp("tokenizer") / "markers"
+    shutil.copytree(samples.tokenizer_path, copy)
+    return copy
+
+
+def with_template(tokenizer_dir: Path, target: Path, template: str | None) -> Path:
+    """A copy of ``tokenizer_dir`` whose chat template is ``template`` (None: no template)."""
+    shutil.copytree(tokenizer_dir, target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (target / "chat_template.jinja").unlink(missing_ok=True)
+    if template is not None:
+        (target / "chat_template.jinja").write_text(template)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    return target
+
+
+def sharegpt(turns):
+    names = {"system": "system", "user": "human", "assistant": "gpt"}
+    return [{"from": names[t["role"]], "value": t["content"]} for t in turns]
+
+
+def write(rows: list[dict], path: Path) -> Path:
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif path.suffix == ".parquet":
+        pd.DataFrame(rows).to_parquet(path)
+    else:
+        datasets.Dataset.from_list(rows).save_to_disk(str(path))
+    return path
+
+
+def load(path: Path, tokenizer: Path, **options):
+    return load_samples(DataConfig(source=str(path), tokenizer=str(tokenizer), vocab_size=VOCAB,
+                                   max_documents=None, cache_dir=str(path.parent / "cache"), **options),
+                        progress=False)
+
+
+def hand_mask(tokenizer, turns, assistant_tail: str) -> tuple[list[int], list[int]]:
+    """ids and mask built piece by piece: each piece ends at a special token, so pieces tokenize alone;
+    1 on an assistant's content and ``assistant_tail`` (what the method trains on after it)."""
+    ids, mask = [], []
+    for turn in turns:
+        pieces = [(f"<|im_start|>{turn['role']}\n", 0)]
+        if turn["role"] == "assistant":
+            pieces += [(turn["content"] + assistant_tail, 1)]
+            pieces += [("<|im_end|>\n"[len(assistant_tail):], 0)] if len(assistant_tail) < len("<|im_end|>\n") else []
+        else:
+            pieces += [(turn["content"] + "<|im_end|>\n", 0)]
+        for text, value in pieces:
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [value] * len(piece)
+    return ids, mask
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ""], ids=["jsonl", "parquet", "save_to_disk"])
+def test_both_schemas_in_every_format_give_the_same_samples(chat_tokenizer, tmp_path, suffix):
+    conversations = [CONVERSATION, CONVERSATION[1:3], [CONVERSATION[1], {"role": "assistant", "content": "min()"}]]
+    openai = load(write([{"messages": c} for c in conversations], tmp_path / f"openai{suffix}"), chat_tokenizer)
+    share = load(write([{"conversations": sharegpt(c)} for c in conversations], tmp_path / f"share{suffix}"),
+                 chat_tokenizer)
+    assert len(openai) == len(share) == 3
+    for row in range(3):
+        (ids_a, mask_a), (ids_b, mask_b) = openai.sample(row), share.sample(row)
+        assert ids_a.tolist() == ids_b.tolist() and mask_a.tolist() == mask_b.tolist()
+    assert "OpenAI messages" in openai.source and "ShareGPT conversations" in share.source
+    assert "generation markers" in openai.source and openai.vocab_size == VOCAB
+
+
+@pytest.mark.parametrize("markers", [True, False], ids=["generation-markers", "turn-by-turn"])
+def test_the_mask_is_the_assistants_tokens_only(chat_tokenizer, tmp_path, markers):
+    tokenizer_dir = chat_tokenizer if markers else with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE)
+    chat = load_chat_tokenizer(tokenizer_dir)
+    assert chat.method == (MARKERS if markers else TURN_BY_TURN)
+    samples = load(write([{"messages": CONVERSATION}], tmp_path / "data.jsonl"), tokenizer_dir)
+    ids, mask = samples.sample(0)
+    # markers train on the reply and its end marker; turn by turn also on the newline that closes the turn
+    expected_ids, expected_mask = hand_mask(chat.tokenizer, CONVERSATION, "<|im_end|>" if markers else "<|im_end|>\n")
+    assert ids.tolist() == expected_ids and mask.tolist() == expected_mask
+    trained = chat.tokenizer.decode([i for i, m in zip(ids.tolist(), mask.tolist()) if m])
+    assert "sorted(iterable)" in trained and "list.sort()" in trained and "sorting" not in trained
+    assert (chat.method in samples.source)
+
+
+def test_turn_by_turn_refuses_a_template_that_rewrites_earlier_turns(chat_tokenizer, tmp_path):
+    """A template that renders earlier assistant turns differently (as reasoning templates drop old thoughts)
+    breaks the round trip: refused, naming the row and the fix, never a wrong mask."""
+    rewriting = PLAIN_TEMPLATE.replace(
+        "{{- message['content'] + '<|im_end|>' -}}",
+        "{{- (message['content'] if loop.last else 'earlier reply') + '<|im_end|>' -}}")
+    tokenizer_dir = with_template(chat_tokenizer, tmp_path / "rewriting", rewriting)
+    with pytest.raises(ConversationError, match=r"line 1, turn 3: rendering the conversation turn by turn does not "
+                                                r"extend the turns before it.*generation %\} markers"):
+        load(write([{"messages": CONVERSATION}], tmp_path / "data.jsonl"), tokenizer_dir)
+
+
+@pytest.mark.parametrize(("policy", "rows", "trimmed"), [("trim", 2, 1), ("drop", 1, 0)])
+def test_an_unfinished_conversation_is_trimmed_or_dropped_and_counted(chat_tokenizer, tmp_path, policy, rows, trimmed):
+    unfinished = [*CONVERSATION, {"role": "user", "content": "Thanks!"}]
+    path = write([{"messages": CONVERSATION}, {"messages": unfinished}], tmp_path / "data.jsonl")
+    samples = load(path, chat_tokenizer, incomplete=policy)
+    assert len(samples) == rows
+    assert (f"{trimmed} trimmed after their last assistant turn" in samples.source) == bool(trimmed)
+    assert ("1 without a final assistant turn dropped" in samples.source) == (policy == "drop")
+    if policy == "trim":
+        assert samples.sample(1)[0].tolist() == samples.sample(0)[0].tolist()
+    with pytest.raises(ConversationError, match="line 2: ends with a user turn.*data.incomplete=trim"):
+        load(path, chat_tokenizer, incomplete="error")
+
+
+BAD = [
+    ([{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "x"}], "line 1, turn 0: unknown role 'robot'"),
+    ([{"role": "user", "content": "  "}, {"role": "assistant", "content": "x"}], r"line 1, turn 0 \(user\): empty content"),
+    ([{"role": "user", "content": "hi"}], "line 1: no assistant turn"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "x"}],
+     "line 1: the chat template refused this conversation \\(Conversation roles must alternate"),
+    ([{"role": "user"}, {"role": "assistant", "content": "x"}], "line 1, turn 0: give an object with 'role' and 'content'"),
+]
+
+
+@pytest.mark.parametrize(("turns", "message"), BAD, ids=["role", "empty", "no-assistant", "alternation", "turn-keys"])
+def test_bad_conversations_are_named_by_row_and_turn(chat_tokenizer, tmp_path, turns, message):
+    with pytest.raises(DataValidationError, match=message):
+        load(write([{"messages": turns}], tmp_path / "data.jsonl"), chat_tokenizer)
+
+
+def test_a_tokenizer_without_a_chat_template_or_data_without_one_is_refused(chat_tokenizer, tmp_path):
+    path = write([{"messages": CONVERSATION}], tmp_path / "data.jsonl")
+    with pytest.raises(ConversationError, match="has no chat template; add one \\(a chat_template.jinja file"):
+        load(path, with_template(chat_tokenizer, tmp_path / "none", None))
+    with pytest.raises(DataValidationError, match="holds conversations: give data.tokenizer=DIR"):
+        load_samples(DataConfig(source=str(path), max_documents=None, cache_dir=str(tmp_path / "c")), progress=False)
+    with pytest.raises(DataValidationError, match="no 'input_ids' column"):  # told it is tokenized, it is not
+        load(path, chat_tokenizer, format="tokenized")
+
+
+def test_ids_beyond_the_targets_vocabulary_name_the_setting(chat_tokenizer, tmp_path):
+    samples = load(write([{"messages": CONVERSATION}], tmp_path / "data.jsonl"), chat_tokenizer)
+    with pytest.raises(DataValidationError, match="vocab_size"):
+        validate_samples(samples, [0], vocab_size=300, block_size=4, no_anchor="drop")
+
+
+def test_a_training_run_on_the_embedded_chat_corpus(tmp_path, batchlab_cache):
+    from train_support import compose_config
+
+    from harness.train.run import run
+
+    summary = run(compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
+                                  "trainer.progress=false", "data.source=stdlib-chat", f"data.vocab_size={VOCAB}",
+                                  "data.max_documents=60", "trainer.stop_tokens=4000", "trainer.eval_real_prompts=0"]),
+                  tmp_path / "run")
+    assert summary["status"] == "complete" and summary["tokens_seen"] >= 4000
+    samples = load_samples(DataConfig(source="stdlib-chat", max_documents=60, vocab_size=VOCAB), progress=False)
+    assert summary["data_fingerprint"] == samples.fingerprint  # trained on the conversations' tokens
+    from harness.data.samples import heldout_split
+
+    training_split = heldout_split(len(samples), DataConfig(max_documents=60, vocab_size=VOCAB))[0].size
+    assert summary["train_samples"] + summary["dropped_no_anchor"] + summary["dropped_oversize"] == training_split
+    assert "assistant-only loss mask from its generation markers" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_target_checkpoint_brings_its_own_tokenizer(tmp_path):
+    """data.tokenizer unset and target.pretrained a checkpoint holding a tokenizer: the run uses that tokenizer
+    (its chat template); a data.tokenizer given, or a checkpoint without one, is left as it is."""
+    from train_support import compose_config
+
+    from harness.train.config import run_config_from_dict
+    from harness.train.run import _with_target_tokenizer
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    base = ["experiment=smoke", f"target.pretrained={checkpoint}"]
+    config = compose_config(base)
+    assert _with_target_tokenizer(run_config_from_dict(config), config) == config  # no tokenizer files there
+    (checkpoint / "tokenizer_config.json").write_text("{}")
+    assert _with_target_tokenizer(run_config_from_dict(config), config)["data"]["tokenizer"] == str(checkpoint)
+    given = compose_config([*base, f"data.tokenizer={tmp_path}"])
+    assert _with_target_tokenizer(run_config_from_dict(given), given)["data"]["tokenizer"] == str(tmp_path)
+
+
+def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_turns(chat_tokenizer, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """batchlab-regenerate on conversations (--tokenizer): every assistant turn is the target's, cut at the chat
+    tokenizer's end-of-turn token by default; the system and user turns stay word for word; cached."""
+    from transformers import AutoTokenizer
+
+    from harness.eval import regenerate as regenerate_cli
+
+    monkeypatch.setenv("BATCHLAB_CACHE", str(tmp_path / "cache"))
+    path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[1:3]}], tmp_path / "chats.jsonl")
+    tiny = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+    argv = ["--source", str(path), "--tokenizer", str(chat_tokenizer), "--vocab-size", str(VOCAB), "--target",
+            str(tiny), "--max-new-tokens", "6", "--no-progress"]
+    assert regenerate_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    dataset = out.strip().splitlines()[-1]
+    assert err.startswith("built: 2 rows")
+    assert regenerate_cli.main(argv) == 0 and capsys.readouterr().err.startswith("cached: 2 rows")
+    meta = json.loads((Path(dataset).parent / "meta.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(str(chat_tokenizer))
+    assert meta["settings"]["eos_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>") and meta["turns_regenerated"] == 3
+    original = load(path, chat_tokenizer)
+    regenerated = load_samples(DataConfig(source=dataset, max_documents=None, vocab_size=VOCAB), progress=False)
+    for row in range(2):
+        (old_ids, old_mask), (new_ids, new_mask) = original.sample(row), regenerated.sample(row)
+        old_kept = tokenizer.decode([i for i, m in zip(old_ids.tolist(), old_mask.tolist()) if not m])
+        new_kept = tokenizer.decode([i for i, m in zip(new_ids.tolist(), new_mask.tolist()) if not m])
+        assert new_kept == old_kept  # system and user turns, role headers, word for word
+        replies = [i for i, m in zip(new_ids.tolist(), new_mask.tolist()) if m]
+        assert 0 < len(replies) <= 6 * (2 if row == 0 else 1)

@@ -1,0 +1,322 @@
+"""Calibrate the step-cost model on this machine: time the real micro-batch and optimizer step, fit seconds.
+
+A micro-batch costs ``a·slots + b·Σlen² + c·blocks + m`` seconds (:class:`strategies.CostModel`'s three terms
+plus a fixed cost per micro-batch) and an optimizer step ``s`` more. The calibration times the run's own
+code on a design of shapes at the run's budget — padded rows of one length and of mixed lengths (slots ≠
+tokens), packed rows of 1 to many documents (the same slots, other Σlen² and blocks) — each micro-batch
+as the trainer runs it (the frozen target's forward of the tapped layers, then the drafter's forward and
+backward), warm-up first and the median of repeats, and fits ``a, b, c, m ≥ 0`` by least squares,
+reporting each shape's error. ``s`` is the median time of gradient clipping, ``AdamW.step`` and
+``zero_grad``.
+
+The fit is cached (``$BATCHLAB_CACHE/advise/``) per machine (CPU model, cores, threads, torch), device,
+dtype, budget and target / drafter configs. Measurements are saved shape by shape as they are taken, so
+an interrupted calibration resumes where it stopped, and the fit is written atomically: never a corrupt
+cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.data import cache
+
+FORMAT_VERSION = 1
+CACHE_SUBDIR = "advise"
+#: shapes timed per calibration, and runs of each (after one warm-up run)
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One micro-batch of the design: its layout and its documents' lengths."""
+
+    layout: str
+    lengths: tuple[int, ...]
+
+    def terms(self, block_size: int, num_anchors: int, max_tokens: int) -> tuple[float, float, float]:
+        """``(slots, Σlen², blocks)`` as :class:`strategies.CostModel` counts them."""
+        lengths = np.asarray(self.lengths, dtype=np.float64)
+        blocks = float(np.clip(lengths - (block_size - 1), 0, num_anchors).sum())
+        if self.layout == "packed":
+            return float(max_tokens), float((lengths ** 2).sum()), blocks
+        longest = float(lengths.max())
+        return float(lengths.size * longest), float(lengths.size * longest ** 2), blocks
+
+
+def design(max_tokens: int, block_size: int) -> list[Shape]:
+    """The calibration's shapes at budget ``max_tokens``: padded rows of one length and of mixed lengths, and
+    packed rows of 1 to 16 documents."""
+    shortest = max(2 * block_size, 16)
+    shapes = []
+    for fraction, rows in ((1, 1), (2, 1), (2, 2), (4, 4), (8, 8), (4, 1), (8, 2)):
+        length = max_tokens // fraction
+        if length >= shortest:
+            shapes.append(Shape("padded", (length,) * rows))
+    for longest, short, count in ((max_tokens // 2, max_tokens // 8, 3), (max_tokens // 4, max_tokens // 16, 3)):
+        if short >= shortest:
+            shapes.append(Shape("padded", (longest,) + (short,) * count))  # slots far above tokens
+    for documents in (1, 2, 4, 8, 16):
+        length = max_tokens // documents
+        if length >= shortest:
+            shapes.append(Shape("packed", (length,) * documents))
+    return shapes
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds per micro-batch term and per optimizer step on this machine, and how well they fit."""
+
+    a: float  # per computed slot of the target
+    b: float  # per unit of Σlen² (full attention)
+    c: float  # per drafter block
+    micro_batch_s: float  # fixed per micro-batch
+    step_s: float  # per optimizer step (clip, AdamW, zero_grad)
+    block_size: int
+    num_anchors: int
+    max_tokens: int
+    key: str
+    machine: dict
+    shapes: list  # [{"layout", "lengths", "measured_s", "fitted_s", "error"}]
+
+    def micro_batch_seconds(self, slots: np.ndarray, quad: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        return self.a * slots + self.b * quad + self.c * blocks + self.micro_batch_s * (slots > 0)
+
+    def cost_model(self) -> Any:
+        """The fit as a :class:`strategies.CostModel` (seconds; the fixed terms are :attr:`micro_batch_s`,
+        :attr:`step_s`)."""
+        from strategies import CostModel
+
+        return CostModel(a=self.a, b=self.b, c=self.c, block_size=self.block_size, num_anchors=self.num_anchors)
+
+    def worst_error(self) -> float:
+        return max((abs(shape["error"]) for shape in self.shapes), default=float("nan"))
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: dict) -> Calibration:
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def fit(terms: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Non-negative least squares of ``seconds ≈ terms @ x`` (columns slots, Σlen², blocks, 1), relative
+    error weighted (each shape counts alike, small or large).
+
+    By hand: exact for a handful of columns (every subset of columns solved by ``numpy.linalg.lstsq``, the
+    best non-negative one kept); scipy's ``nnls`` would do the same but scipy is not a dependency."""
+    weights = 1.0 / np.maximum(seconds, 1e-12)
+    design_matrix, target = terms * weights[:, None], seconds * weights
+    scale = np.maximum(np.abs(design_matrix).max(axis=0), 1e-300)  # columns of very different sizes
+    best, best_residual = np.zeros(terms.shape[1]), np.inf
+    for size in range(1, terms.shape[1] + 1):
+        for columns in itertools.combinations(range(terms.shape[1]), size):
+            sub = design_matrix[:, columns] / scale[list(columns)]
+            solution, *_ = np.linalg.lstsq(sub, target, rcond=None)
+            if (solution < 0).any():
+                continue
+            residual = float(((sub @ solution - target) ** 2).sum())
+            if residual < best_residual:
+                best_residual = residual
+                best = np.zeros(terms.shape[1])
+                best[list(columns)] = solution / scale[list(columns)]
+    return best
+
+
+def machine_identity(device: str) -> dict:
+    """What a calibration's timings depend on besides the configs."""
+    import torch
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    identity = {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "device": device}
+    if device == "cuda" and torch.cuda.is_available():
+        identity["gpu"] = torch.cuda.get_device_name(0)
+    return identity
+
+
+def calibration_key(machine: dict, dtype: str, max_tokens: int, target: dict, drafter: dict) -> str:
+    return cache.digest({"format": FORMAT_VERSION, "machine": machine, "dtype": dtype, "max_tokens": max_tokens,
+                         "target": target, "drafter": drafter, "repeats": REPEATS})
+
+
+#: shapes measured per start of the concurrent ranks (their results are saved after each group)
+CONCURRENT_GROUP = 5
+
+
+def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = True,
+              measure: Callable[..., tuple[list[float], float]] | None = None,
+              local_ranks: int = 1) -> tuple[Calibration, bool]:
+    """The calibration for ``config_dict``'s target, drafter, device, dtype and ``trainer.max_tokens``:
+    ``(calibration, measured_now)``, from the cache when there. ``measure`` (tests): replaces the timing.
+
+    ``local_ranks > 1`` (CPU ranks sharing this machine): that many processes measure every shape at the same
+    time, each with its share of the cores, and their optimizer step includes the all-reduce of the drafter's
+    gradients over gloo, as the training ranks do; rank 0's times are kept."""
+    trainer = config_dict["trainer"]
+    machine = machine_identity(trainer["device"])
+    drafter = config_dict["drafter"]
+    machine["threads_per_rank"] = trainer.get("threads_per_rank")  # a rank's share of the cores
+    machine["local_ranks"] = local_ranks
+    key = calibration_key(machine, trainer["precision"], int(trainer["max_tokens"]), config_dict["target"], drafter)
+    directory = Path(cache_dir) / CACHE_SUBDIR
+    final, partial = directory / f"{key}.json", directory / f"{key}.partial.json"
+    if final.is_file():
+        return Calibration.from_json(json.loads(final.read_text())), False
+    directory.mkdir(parents=True, exist_ok=True)
+    block_size, num_anchors = int(drafter["block_size"]), int(drafter["num_anchors"])
+    shapes = design(int(trainer["max_tokens"]), block_size)
+    done = json.loads(partial.read_text()) if partial.is_file() else {"shapes": {}, "step_s": None}
+    todo = [shape for shape in shapes if _name(shape) not in done["shapes"]]  # the rest after an interruption
+    if local_ranks > 1 and measure is None:
+        groups = [todo[i:i + CONCURRENT_GROUP] for i in range(0, len(todo), CONCURRENT_GROUP)]
+    else:
+        measure = measure or _measurer(config_dict)
+        groups = [[shape] for shape in todo]
+    for group in groups:
+        if progress:
+            print(f"batchlab-advise: calibrating {len(done['shapes']) + len(group)}/{len(shapes)} shapes "
+                  f"({', '.join(f'{s.layout} {len(s.lengths)} × {max(s.lengths)}' for s in group)})", flush=True)
+        if measure is None:
+            from harness.train.distributed import launch
+
+            results = launch(_concurrent_rank, (config_dict, group), local_ranks,
+                             run_id=f"batchlab-advise-{os.getpid()}-{time.time_ns()}")
+        else:
+            results = [measure(shape) for shape in group]
+        for shape, (times, step_s) in zip(group, results):
+            done["shapes"][_name(shape)] = statistics.median(times)
+            done["step_s"] = step_s if done["step_s"] is None else min(done["step_s"], step_s)
+        _write_atomic(partial, done)
+    max_tokens = int(trainer["max_tokens"])
+    terms = np.array([[*shape.terms(block_size, num_anchors, max_tokens), 1.0] for shape in shapes])
+    seconds = np.array([done["shapes"][_name(s)] for s in shapes])
+    a, b, c, m = fit(terms, seconds)
+    fitted = terms @ np.array([a, b, c, m])
+    rows = [{"layout": s.layout, "lengths": list(s.lengths), "measured_s": float(t), "fitted_s": float(f),
+             "error": float(f / t - 1)} for s, t, f in zip(shapes, seconds, fitted)]
+    calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
+                              max_tokens, key, machine, rows)
+    _write_atomic(final, calibration.to_json())
+    partial.unlink(missing_ok=True)
+    return calibration, True
+
+
+def _name(shape: Shape) -> str:
+    return f"{shape.layout}:{','.join(map(str, shape.lengths))}"
+
+
+def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], float]]:
+    """One of the ranks measuring together (started by torch elastic): every shape after a barrier, the step
+    with the gradients' all-reduce."""
+    from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
+
+    env = external_launch_env() or RankEnv()
+    init_process_group(env, config_dict["trainer"]["device"], 600)
+    try:
+        measure = _measurer(config_dict, all_reduce=env.distributed)
+        return [measure(shape) for shape in shapes]
+    finally:
+        destroy_process_group()
+
+
+def _write_atomic(path: Path, values: dict) -> None:
+    temporary = path.with_suffix(f".tmp{os.getpid()}")
+    temporary.write_text(json.dumps(values, indent=1, sort_keys=True))
+    os.replace(temporary, path)
+
+
+def _measurer(config_dict: dict[str, Any], all_reduce: bool = False) -> Callable[[Shape], tuple[list[float], float]]:
+    """Times a shape's micro-batch as the trainer runs it, on the run's own target and drafter (``all_reduce``:
+    the step sums the gradients over the process group first, as DDP does)."""
+    import torch
+    import torch.distributed as dist
+
+    from harness.train.batch import BatchCollator
+    from harness.train.config import run_config_from_dict
+    from harness.train.modules import DrafterModel, rank_device
+
+    config = run_config_from_dict(config_dict)
+    from harness.train.distributed import RankEnv
+
+    device = rank_device(config, RankEnv())
+    model = DrafterModel(config, device)
+    optimizer = torch.optim.AdamW(model.parameters, lr=1e-4)
+    vocab = int(model.target.embed_tokens.num_embeddings)
+    drafter = model.drafter
+
+    def measure(shape: Shape) -> tuple[list[float], float]:
+        samples = _synthetic_samples(shape.lengths, vocab)
+        collate = BatchCollator(samples, shape.layout, block_size=drafter.block_size,
+                                num_anchors=config.drafter_config.num_anchors, mask_token_id=drafter.mask_token_id,
+                                loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.drafter_config.max_blocks,
+                                anchor_seed=0)
+        rows = np.arange(len(shape.lengths))
+        batch = collate(rows, np.asarray(shape.lengths), epoch=0).to(device)
+        times, steps = [], []
+        for repeat in range(REPEATS + 1):
+            if all_reduce:
+                dist.barrier()  # the ranks run each micro-batch together, sharing the cores as in training
+            model.synchronize()
+            started = time.perf_counter()
+            with torch.no_grad():
+                features = model.target(batch.tokens, gdn_backend=config.trainer.gdn_backend,
+                                         tap_layer_ids=list(drafter.target_layer_ids))
+            with model.autocast():
+                sums = model.objective(batch, features)
+            (sums.weighted_ce_sum / max(batch.weight_sum, 1.0)).backward()
+            model.synchronize()
+            stepped = time.perf_counter()
+            if all_reduce:
+                dist.all_reduce(torch.ones(1, dtype=torch.float64))  # the step's loss weight, as the trainer sums it
+                grads = [p.grad for p in model.parameters if p.grad is not None]
+                flat = torch.cat([g.flatten() for g in grads])  # one bucket, as DDP sends a small model's grads
+                dist.all_reduce(flat)
+                torch._utils._unflatten_dense_tensors(flat, grads)
+            torch.nn.utils.clip_grad_norm_(model.parameters, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.synchronize()
+            if repeat:  # the first run warms up
+                times.append(stepped - started)
+                steps.append(time.perf_counter() - stepped)
+        return times, statistics.median(steps)
+
+    return measure
+
+
+def _synthetic_samples(lengths: tuple[int, ...], vocab: int) -> Any:
+    """Samples of the given lengths, random ids (seeded), every token but the first supervised."""
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    from harness.data.samples import TokenizedSamples
+
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(1, vocab, size=length).tolist() for length in lengths]
+    masks = [[0] + [1] * (length - 1) for length in lengths]
+    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
+    return TokenizedSamples(Dataset(InMemoryTable(table)), np.asarray(lengths, dtype=np.int64), "calibration",
+                            "0" * 64)

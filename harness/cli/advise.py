@@ -1,0 +1,177 @@
+"""``batchlab-advise``: which strategy, at what real tokens/s, finishing when — on this data, machine and world size.
+
+    batchlab-advise --lengths my_dataset/ --max-tokens 16384 --world-size 8 --tokens 2e9
+    batchlab-advise --profile chat-902k --max-tokens 16384 --world-size 8 --json
+    batchlab-advise --lengths data.jsonl --max-tokens 2048 --target tiny --drafter tiny --report-dir advice/
+
+1. Calibrates the step-cost model on this machine (:mod:`harness.advise.calibrate`: the run's own target
+   forward and drafter step timed on a design of shapes, cached per machine, device, dtype, budget and
+   configs; ``--recalibrate`` measures again).
+2. Predicts for every strategy (:mod:`harness.advise.predict`): real tokens/s, time per epoch and to
+   ``--tokens``, beside padding, recurrence, step recurrence, length-mix excess and rank imbalance.
+3. Recommends in one paragraph. ``--json`` prints it all; ``--report-dir`` adds a figure (predicted
+   tokens/s against recurrence, one point per strategy) and ``advice.json``.
+
+Bad input is one line on stderr and exit status 2 (``--verbose``: and its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="batchlab-advise", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lengths", metavar="PATH", help="dataset (save_to_disk, .parquet, .jsonl, .npy, .txt)")
+    source.add_argument("--profile", metavar="NAME", help="bundled length profile, e.g. chat-902k")
+    parser.add_argument("--column", help="column holding the lengths or token lists")
+    parser.add_argument("--split", help="split of a saved DatasetDict")
+    parser.add_argument("--max-tokens", type=at_least(int, 64), required=True, help="token slots per micro-batch")
+    parser.add_argument("--world-size", type=at_least(int, 1), default=1, help="data-parallel ranks (default 1)")
+    parser.add_argument("--grad-accum", type=at_least(int, 1), default=1, help="micro-batches per step (default 1)")
+    parser.add_argument("--step-tokens", type=at_least(int, 1), default=None, help="equal-token steps of this size")
+    parser.add_argument("--strategies", default=None, help="comma-separated (default: all)")
+    parser.add_argument("--target", default="tiny", help="conf/target/ option (default tiny)")
+    parser.add_argument("--drafter", default="tiny", help="conf/drafter/ option (default tiny)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--tokens", type=lambda t: int(float(t)), default=None, help="token budget: time to reach it")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the plans (default 0)")
+    parser.add_argument("--max-recurrence", type=float, default=0.1, help="the recommendation's recurrence bound")
+    parser.add_argument("--recalibrate", action="store_true", help="measure again, even with a cached calibration")
+    parser.add_argument("--json", action="store_true", help="print everything as JSON")
+    parser.add_argument("--report-dir", help="also write advice.json and the figure here")
+    parser.add_argument("--cache-dir", default=None, help="default $BATCHLAB_CACHE or ~/.cache/batchlab")
+    add_verbose(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return one_line_errors("batchlab-advise", lambda: advise(args), verbose=args.verbose)
+
+
+def advise(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import strategies
+    from harness.advise.calibrate import CACHE_SUBDIR, calibrate
+    from harness.advise.predict import predict, recommendation
+    from harness.cli.overrides import group_options
+    from harness.cli.plan import select_strategies
+    from harness.data.config import DataConfig
+    from harness.data.lengths import load_lengths
+    from harness.train.config import compose_run_config
+
+    for group, option in (("target", args.target), ("drafter", args.drafter)):
+        if option not in group_options(group):
+            raise ValueError(f"--{group} {option}: no conf/{group}/{option}.yaml; choose one of "
+                             f"{', '.join(group_options(group))}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is visible here; calibrate on the GPU machine or use cpu")
+    names = select_strategies(args.strategies, strategies.available_strategies())
+    lengths = load_lengths(args.lengths if args.lengths is not None else "profile:" + args.profile,
+                           column=args.column, split=args.split)
+    if lengths.size == 0:
+        raise ValueError("the dataset has no samples to plan; give one with at least one non-empty row")
+    over = int((lengths > args.max_tokens).sum())
+    if over == lengths.size:
+        raise ValueError(f"every sample is longer than --max-tokens {args.max_tokens} (the shortest has "
+                         f"{int(lengths.min())} tokens); raise --max-tokens")
+    import os
+
+    threads = max(1, (os.cpu_count() or 1) // args.world_size) if args.device == "cpu" else None
+    config = compose_run_config([f"target={args.target}", f"drafter={args.drafter}", "trainer.nproc=1",
+                                 f"trainer.threads_per_rank={'null' if threads is None else threads}",
+                                 f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
+                                 f"trainer.precision={args.dtype}", "logger=none"])
+    cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
+    if args.recalibrate:
+        for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
+            path.unlink()
+    # CPU ranks share this machine: they are measured together (cores and the gradients' all-reduce shared)
+    calibration, measured = calibrate(config, cache_dir, progress=not args.json,
+                                      local_ranks=args.world_size if args.device == "cpu" else 1)
+    logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
+    predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
+                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens)
+    paragraph = recommendation(predictions, args.max_recurrence)
+    notes = []
+    if over:
+        notes.append(f"{over:,} of {lengths.size:,} samples ({100 * over / lengths.size:.1f}%) are longer than "
+                     f"--max-tokens {args.max_tokens} (the longest {int(lengths.max()):,}): a run drops them "
+                     f"(trainer.oversize=drop, counted) or truncates them (truncate); raise --max-tokens to "
+                     f"{int(lengths.max())} to keep them whole. The predictions leave them out.")
+    result = {"calibration": {**calibration.to_json(), "measured_now": measured},
+              "predictions": [p.as_dict() for p in predictions], "recommendation": paragraph, "notes": notes,
+              "settings": {k: v for k, v in vars(args).items() if k not in ("json", "verbose")}}
+    if args.report_dir:
+        _write_report(Path(args.report_dir), result, predictions)
+    if args.json:
+        print(json.dumps(result, indent=2, default=float))
+        return 0
+    print(f"calibration ({'measured now' if measured else 'cached'}; {calibration.machine['cpu']}, "
+          f"{args.device}, {args.dtype}): a={calibration.a:.3g} s/slot, b={calibration.b:.3g} s/len², "
+          f"c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.2f} ms a micro-batch, "
+          f"{1e3 * calibration.step_s:.2f} ms a step; worst fit error {100 * calibration.worst_error():.0f}% "
+          f"over {len(calibration.shapes)} shapes")
+    header = f"{'strategy':<16}{'tokens/s':>11}{'epoch':>10}{'steps':>7}{'padding':>9}{'recur.':>8}{'step rec.':>10}" \
+             f"{'mix exc.':>9}{'imbal.':>8}" + (f"{'to --tokens':>13}" if args.tokens else "")
+    print(header)
+    for p in predictions:
+        row = (f"{p.strategy:<16}{p.tokens_per_second:>11,.0f}{_duration(p.epoch_seconds):>10}{p.steps:>7}"
+               f"{p.padding_pct:>8.1f}%{p.recurrence:>8.2f}{p.step_recurrence:>10.2f}{p.length_mix_excess:>9.3f}"
+               f"{p.rank_imbalance:>8.2f}")
+        print(row + (f"{_duration(p.seconds_to_budget):>13}" if args.tokens else ""))
+    print(paragraph)
+    for note in notes:
+        print(note)
+    if np.isfinite(calibration.worst_error()) and calibration.worst_error() > 0.25:
+        print(f"note: the calibration fits one shape {100 * calibration.worst_error():.0f}% off: a busy machine? "
+              "--recalibrate on a quiet one", file=sys.stderr)
+    return 0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def _write_report(out: Path, result: dict, predictions: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "advice.json").write_text(json.dumps(result, indent=2, default=float))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for p in predictions:
+        ax.scatter(p.recurrence, p.tokens_per_second, s=40)
+        ax.annotate(p.strategy, (p.recurrence, p.tokens_per_second), textcoords="offset points", xytext=(5, 4),
+                    fontsize=9)
+    ax.set(xlabel="composition recurrence between epochs (lower: more diverse)",
+           ylabel="predicted real tokens/s", title="Predicted throughput against diversity")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "advice.png", dpi=150)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""batchlab-advise: the cost fit, the calibration cache (keyed, resumable, atomic), deterministic predictions that
+match an independent sum over the plan, the recommendation, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness.advise import calibrate as cal
+from harness.advise.predict import plan_seconds, predict, recommendation
+from harness.cli import advise as advise_cli
+
+#: a (s/slot), b (s/len²), c (s/block), m (s/micro-batch): each term a visible share of a 2,048-token micro-batch
+TRUE = np.array([1e-4, 1e-8, 5e-5, 2e-2])
+
+
+def terms_of(shapes, max_tokens=2048, block_size=8, num_anchors=64):
+    return np.array([[*s.terms(block_size, num_anchors, max_tokens), 1.0] for s in shapes])
+
+
+def test_the_fit_recovers_known_coefficients_from_noisy_timings():
+    shapes = cal.design(2048, 8)
+    terms = terms_of(shapes)
+    rng = np.random.default_rng(0)
+    seconds = terms @ TRUE * (1 + rng.normal(0, 0.01, len(shapes)))
+    fitted = cal.fit(terms, seconds)
+    assert (fitted >= 0).all()
+    assert np.allclose(fitted, TRUE, rtol=0.25), fitted
+    assert np.abs(terms @ fitted / (terms @ TRUE) - 1).max() < 0.05  # every shape's time within 5%
+    exact = cal.fit(terms, terms @ TRUE)
+    assert np.allclose(exact, TRUE, rtol=1e-6)  # without noise, exactly
+
+
+def test_the_fit_never_returns_a_negative_coefficient():
+    shapes = cal.design(1024, 8)
+    terms = terms_of(shapes, max_tokens=1024)
+    seconds = terms[:, 0] * 1e-6 - terms[:, 1] * 1e-10 + 1e-3  # an unconstrained fit would make b negative
+    assert (cal.fit(terms, seconds) >= 0).all()
+
+
+def test_the_cache_key_changes_with_machine_device_dtype_budget_and_configs():
+    machine = cal.machine_identity("cpu")
+    base = dict(machine=machine, dtype="fp32", max_tokens=2048, target={"hidden_size": 64}, drafter={"layers": 2})
+    keys = {cal.calibration_key(**base)}
+    for change in ({"machine": {**machine, "cpu": "another"}}, {"machine": {**machine, "device": "cuda"}},
+                   {"dtype": "bf16"}, {"max_tokens": 4096}, {"target": {"hidden_size": 128}}, {"drafter": {"layers": 1}}):
+        keys.add(cal.calibration_key(**{**base, **change}))
+    assert len(keys) == 7
+    assert cal.calibration_key(**base) == cal.calibration_key(**base)
+
+
+def config(max_tokens=1024):
+    from harness.train.config import compose_run_config
+
+    return compose_run_config([f"trainer.max_tokens={max_tokens}", "trainer.nproc=1", "logger=none"])
+
+
+def synthetic_measure(calls):
+    def measure(shape):
+        calls.append(shape)
+        terms = np.array([*shape.terms(8, 64, 1024), 1.0])
+        return [float(terms @ TRUE)] * 3, 0.01
+    return measure
+
+
+def test_an_interrupted_calibration_resumes_and_never_leaves_a_corrupt_cache(tmp_path):
+    calls = []
+    measure = synthetic_measure(calls)
+
+    def interrupted(shape):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return measure(shape)
+
+    cfg = config()
+    cfg["drafter"] = {**cfg["drafter"], "block_size": 8, "num_anchors": 64}
+    with pytest.raises(KeyboardInterrupt):
+        cal.calibrate(cfg, tmp_path, progress=False, measure=interrupted)
+    files = sorted(p.name for p in (tmp_path / cal.CACHE_SUBDIR).iterdir())
+    assert len(files) == 1 and files[0].endswith(".partial.json")  # no final entry, the 4 shapes kept
+    assert len(json.loads((tmp_path / cal.CACHE_SUBDIR / files[0]).read_text())["shapes"]) == 4
+    calls.clear()
+    calibration, measured = cal.calibrate(cfg, tmp_path, progress=False, measure=measure)
+    shapes = cal.design(1024, 8)
+    assert measured and len(calls) == len(shapes) - 4  # only what was left
+    assert [p.name for p in (tmp_path / cal.CACHE_SUBDIR).iterdir()] == [f"{calibration.key}.json"]
+    assert np.allclose([calibration.a, calibration.b, calibration.c, calibration.micro_batch_s], TRUE, rtol=1e-6)
+    again, measured_again = cal.calibrate(cfg, tmp_path, progress=False, measure=measure)
+    assert not measured_again and again == calibration
+
+
+def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64):
+    return cal.Calibration(*TRUE, 0.01, block_size, num_anchors, max_tokens, "k" * 64, {"cpu": "test"}, [])
+
+
+def test_predictions_are_deterministic_and_sum_the_plans_micro_batches():
+    from strategies import Budget, build_strategy
+
+    calibration = stored_calibration()
+    lengths = np.random.default_rng(1).lognormal(5, 0.8, 600).astype(np.int64).clip(10, 1000)
+    first = predict(lengths, ["sorted", "shuffle", "packed"], calibration, world_size=2, tokens=10**6)
+    assert first == predict(lengths, ["sorted", "shuffle", "packed"], calibration, world_size=2, tokens=10**6)
+    plan = build_strategy("shuffle").plan(lengths, Budget(1024), seed=0, epoch=0, world_size=2, grad_accum=1,
+                                          oversize="drop")
+    total = 0.0
+    for step in range(plan.num_steps):  # independently: each rank's micro-batch, the slower one, plus the step
+        ranks = []
+        for rank in range(2):
+            docs = plan.lengths[plan.micro_batch(step, rank, 0)].astype(float)
+            if docs.size == 0:
+                ranks.append(0.0)
+                continue
+            slots, quad = docs.size * docs.max(), docs.size * docs.max() ** 2
+            blocks = np.clip(docs - 7, 0, 64).sum()
+            ranks.append(TRUE[0] * slots + TRUE[1] * quad + TRUE[2] * blocks + TRUE[3])
+        total += max(ranks) + 0.01
+    assert plan_seconds(plan, calibration).sum() == pytest.approx(total, rel=1e-9)
+    shuffle = first[1]
+    assert shuffle.epoch_seconds == pytest.approx(total, rel=1e-9)
+    assert shuffle.tokens_per_second == pytest.approx(lengths.sum() / total, rel=1e-9)
+    assert shuffle.seconds_to_budget == pytest.approx(10**6 / shuffle.tokens_per_second)
+    assert first[2].padding_pct < first[1].padding_pct  # packed fills rows, shuffle pads them
+
+
+def test_the_recommendation_prefers_the_fastest_diverse_strategy():
+    from harness.advise.predict import Prediction
+
+    def p(name, rate, recurrence):
+        return Prediction(name, rate, 1.0, 1, 1, 0.0, recurrence, recurrence, 0.0, 1.0, None)
+
+    text = recommendation([p("sorted", 300.0, 0.6), p("bucketed", 250.0, 0.07), p("shuffle", 100.0, 0.03)])
+    assert text.startswith("bucketed is the fastest strategy whose batch composition recurs at most 0.10")
+    assert "The most diverse, shuffle (recurrence 0.03), would run at 0.40× its tokens/s." in text
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--target", "nope"], "--target nope: no conf/target/nope.yaml"),
+    (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
+    (["--max-tokens", "8"], "argument --max-tokens: 8 is too small"),
+    (["--strategies", "sortd"], "unknown strategy sortd"),
+])
+def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(["100", "200", "5000"]))
+    args = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path / "cache"), *argv]
+    if argv[0] == "--device":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is visible")
+    try:
+        status = advise_cli.main(args)
+    except SystemExit as exit_request:
+        status = exit_request.code
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "cache" / cal.CACHE_SUBDIR).exists()  # nothing measured
+
+
+def test_the_command_predicts_from_a_stored_calibration_and_names_samples_over_the_budget(tmp_path, capsys,
+                                                                                          monkeypatch):
+    """A calibration in the cache is used as it is (no timing); the table, the paragraph, the oversize note,
+    --json and --report-dir."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in [*np.random.default_rng(2).integers(40, 900, 300), 1500, 3000]))
+    stored = stored_calibration(block_size=16, num_anchors=512)
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (stored, False))
+    args = ["--lengths", str(lengths), "--max-tokens", "1024", "--world-size", "2", "--tokens", "1e6",
+            "--cache-dir", str(tmp_path)]
+    assert advise_cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "calibration (cached" in out and "is the fastest strategy" in out
+    assert "2 of 302 samples (0.7%) are longer than --max-tokens 1024 (the longest 3,000)" in out
+    assert advise_cli.main([*args, "--json", "--report-dir", str(tmp_path / "advice")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {p["strategy"] for p in result["predictions"]} >= {"sorted", "shuffle", "bucketed", "packed"}
+    assert (tmp_path / "advice" / "advice.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "advice" / "advice.json").read_text())["recommendation"] == result["recommendation"]

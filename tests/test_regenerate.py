@@ -22,14 +22,19 @@ from harness.models.target import HybridTarget
 TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
 
 
+def samples_of(ids: list[list[int]], masks: list[list[int]], fingerprint: str) -> TokenizedSamples:
+    """In-memory samples of the given rows."""
+    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
+    dataset = Dataset(InMemoryTable(table))
+    return TokenizedSamples(dataset, samples_module._lengths(dataset), "test rows", fingerprint)
+
+
 @pytest.mark.parametrize("decoder", ["hf", "recompute"])
 def test_regenerated_dataset(tmp_path, decoder):
     ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14], [15, 16, 17, 18, 19, 20, 21], [22, 23, 24]]
     masks = [[0, 0, 1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1], [0, 1, 1]]
-    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
-                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
-    dataset = Dataset(InMemoryTable(table))
-    samples = TokenizedSamples(dataset, samples_module._lengths(dataset), "test data", "1" * 64)
+    samples = samples_of(ids, masks, "1" * 64)
     torch.manual_seed(0)
     target = HybridTarget(TINY)
     data = DataConfig(source="stdlib", cache_dir=str(tmp_path))
@@ -107,10 +112,7 @@ def test_every_assistant_turn_is_regenerated_given_the_regenerated_turns_before_
     eos = 3
     ids = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24]]
     masks = [[0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
-    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
-                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
-    dataset = Dataset(InMemoryTable(table))
-    samples = TokenizedSamples(dataset, samples_module._lengths(dataset), "conversations", "2" * 64)
+    samples = samples_of(ids, masks, "2" * 64)
     torch.manual_seed(0)
     target = HybridTarget(TINY)
     settings = RegenerateSettings(max_new_tokens=8, eos_id=eos)

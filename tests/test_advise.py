@@ -140,8 +140,10 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
     (["--max-tokens", "8"], "argument --max-tokens: 8 is too small"),
     (["--strategies", "sortd"], "unknown strategy sortd"),
+    (["--target", "qwen3.6-27b"], "GiB for its weights alone at fp32, more than the 16.0 GiB free on cpu"),
 ])
-def test_bad_input_is_one_line(argv, message, tmp_path, capsys):
+def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 16 * 2**30)  # the 27B target never fits, anywhere
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(["100", "200", "5000"]))
     args = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path / "cache"), *argv]
@@ -178,3 +180,32 @@ def test_the_command_predicts_from_a_stored_calibration_and_names_samples_over_t
     assert {p["strategy"] for p in result["predictions"]} >= {"sorted", "shuffle", "bucketed", "packed"}
     assert (tmp_path / "advice" / "advice.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "advice" / "advice.json").read_text())["recommendation"] == result["recommendation"]
+
+
+def test_a_sweep_adds_only_what_its_corrected_tests_keep(tmp_path, capsys, monkeypatch, batchlab_cache,
+                                                         tmp_path_factory):
+    """--sweep: the recommendation quotes the report's surviving differences, or says that none survives."""
+    import analysis_support as support
+    from analysis.compare import run_metrics
+    from analysis.load import load_sweeps
+    from analysis.stats import compare_pairs, timing_check
+
+    sweep = support.tiny_sweep(tmp_path_factory.mktemp("analysis"))
+    per_run = run_metrics(load_sweeps([sweep]))
+    survivors = [t for t in compare_pairs(per_run, timing=timing_check(per_run)) if t.survives]
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in np.random.default_rng(3).integers(40, 900, 200)))
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (stored_calibration(block_size=16, num_anchors=512), False))
+    assert advise_cli.main(["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path),
+                            "--sweep", str(sweep), "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["recommendation"]
+    assert f"Measured in {sweep}" in text
+    if survivors:
+        from analysis.stats import surviving_sentence
+
+        assert "differences that survive Holm–Bonferroni" in text
+        assert all(surviving_sentence(t) in text for t in survivors)
+    else:
+        assert "no difference between strategies survives Holm–Bonferroni" in text
+    assert advise_cli.main(["--lengths", str(lengths), "--max-tokens", "1024", "--sweep", str(tmp_path / "none")]) == 2
+    assert "--sweep: " in capsys.readouterr().err

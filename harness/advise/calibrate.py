@@ -222,6 +222,32 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     return calibration, True
 
 
+def target_bytes(config_dict: dict[str, Any]) -> int:
+    """The frozen target's weights in bytes at the run's precision, counted without allocating them (meta
+    device): what must fit before a calibration can start."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+
+    from harness.models.config import load_target_config
+    from harness.train.config import run_config_from_dict
+
+    config = run_config_from_dict(config_dict)
+    kwargs = {k: v for k, v in config.target_kwargs.items() if k != "pretrained"}
+    with torch.device("meta"):
+        model = Qwen3_5ForCausalLM(load_target_config(kwargs))
+    width = 2 if config.trainer.precision == "bf16" else 4
+    return sum(p.numel() for p in model.parameters()) * width
+
+
+def available_bytes(device: str) -> int:
+    """Memory free for the target now: the GPU's free memory, or the machine's available memory."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
 def _name(shape: Shape) -> str:
     return f"{shape.layout}:{','.join(map(str, shape.lengths))}"
 

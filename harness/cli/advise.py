@@ -9,7 +9,8 @@
    configs; ``--recalibrate`` measures again).
 2. Predicts for every strategy (:mod:`harness.advise.predict`): real tokens/s, time per epoch and to
    ``--tokens``, beside padding, recurrence, step recurrence, length-mix excess and rank imbalance.
-3. Recommends in one paragraph. ``--json`` prints it all; ``--report-dir`` adds a figure (predicted
+3. Recommends in one paragraph, with what a finished sweep measured (``--sweep DIR``: only the differences
+   the report's Holm-corrected tests keep). ``--json`` prints it all; ``--report-dir`` adds a figure (predicted
    tokens/s against recurrence, one point per strategy) and ``advice.json``.
 
 Bad input is one line on stderr and exit status 2 (``--verbose``: and its traceback).
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=lambda t: int(float(t)), default=None, help="token budget: time to reach it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the plans (default 0)")
     parser.add_argument("--max-recurrence", type=float, default=0.1, help="the recommendation's recurrence bound")
+    parser.add_argument("--sweep", nargs="+", metavar="SWEEP_DIR",
+                        help="a batchlab-train -m sweep of these strategies: its measured differences (only those "
+                             "the report's Holm-corrected tests keep) join the recommendation")
     parser.add_argument("--recalibrate", action="store_true", help="measure again, even with a cached calibration")
     parser.add_argument("--json", action="store_true", help="print everything as JSON")
     parser.add_argument("--report-dir", help="also write advice.json and the figure here")
@@ -63,7 +67,7 @@ def advise(args: argparse.Namespace) -> int:
     import numpy as np
 
     import strategies
-    from harness.advise.calibrate import CACHE_SUBDIR, calibrate
+    from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, target_bytes
     from harness.advise.predict import predict, recommendation
     from harness.cli.overrides import group_options
     from harness.cli.plan import select_strategies
@@ -96,6 +100,11 @@ def advise(args: argparse.Namespace) -> int:
                                  f"trainer.threads_per_rank={'null' if threads is None else threads}",
                                  f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
                                  f"trainer.precision={args.dtype}", "logger=none"])
+    needed, free = target_bytes(config), available_bytes(args.device)
+    if needed > free:
+        raise ValueError(f"--target {args.target} needs {needed / 2**30:,.1f} GiB for its weights alone at {args.dtype}, "
+                         f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
+                         "holds it (or a smaller target config: the fit is per configuration)")
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     if args.recalibrate:
         for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
@@ -107,6 +116,8 @@ def advise(args: argparse.Namespace) -> int:
     predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
                           step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens)
     paragraph = recommendation(predictions, args.max_recurrence)
+    if args.sweep:
+        paragraph += " " + measured_evidence(args.sweep)
     notes = []
     if over:
         notes.append(f"{over:,} of {lengths.size:,} samples ({100 * over / lengths.size:.1f}%) are longer than "
@@ -141,6 +152,28 @@ def advise(args: argparse.Namespace) -> int:
         print(f"note: the calibration fits one shape {100 * calibration.worst_error():.0f}% off: a busy machine? "
               "--recalibrate on a quiet one", file=sys.stderr)
     return 0
+
+
+def measured_evidence(sweep_dirs: list[str]) -> str:
+    """What a finished sweep says: the differences that survive Holm–Bonferroni over every pair and headline
+    metric (the report's own tests), or that none does."""
+    from analysis.compare import run_metrics
+    from analysis.load import SweepError, load_sweeps
+    from analysis.stats import compare_pairs, surviving_sentence, timing_check
+
+    try:
+        sweep = load_sweeps(sweep_dirs)
+    except SweepError as error:
+        raise ValueError(f"--sweep: {error}") from None
+    per_run = run_metrics(sweep)
+    tests = compare_pairs(per_run, timing=timing_check(per_run))
+    where = f"Measured in {', '.join(sweep_dirs)} ({len(sweep.runs)} runs, {len(sweep.seeds)} seeds)"
+    survivors = [t for t in tests if t.survives]
+    if survivors:
+        return f"{where}, differences that survive Holm–Bonferroni: " + "; ".join(map(surviving_sentence, survivors)) + "."
+    if any(t.tested for t in tests):
+        return f"{where}: no difference between strategies survives Holm–Bonferroni; convergence does not separate them."
+    return f"{where}: too few paired seeds to test a difference (3 or more are needed)."
 
 
 def _duration(seconds: float | None) -> str:

@@ -209,3 +209,34 @@ def test_a_sweep_adds_only_what_its_corrected_tests_keep(tmp_path, capsys, monke
         assert "no difference between strategies survives Holm–Bonferroni" in text
     assert advise_cli.main(["--lengths", str(lengths), "--max-tokens", "1024", "--sweep", str(tmp_path / "none")]) == 2
     assert "--sweep: " in capsys.readouterr().err
+
+
+def test_a_target_checkpoint_is_calibrated_as_itself(tmp_path, monkeypatch, capsys):
+    """--target DIR: the run's config loads that checkpoint, and its weights are what the memory check counts."""
+    import torch
+    import yaml
+    from transformers import Qwen3_5ForCausalLM
+
+    from harness.models.config import load_target_config
+    from train_support import REPO
+
+    kwargs = yaml.safe_load((REPO / "conf" / "target" / "tiny.yaml").read_text())
+    kwargs.update(vocab_size=300, hidden_size=96, intermediate_size=160)
+    checkpoint = tmp_path / "ckpt"
+    model = Qwen3_5ForCausalLM(load_target_config({k: v for k, v in kwargs.items() if k != "pretrained"}))
+    model.save_pretrained(checkpoint)
+    seen = {}
+
+    def fake_calibrate(config, *args, **kwargs):
+        seen["config"] = config
+        seen["bytes"] = cal.target_bytes(config)
+        return stored_calibration(block_size=16, num_anchors=512), False
+
+    monkeypatch.setattr(cal, "calibrate", fake_calibrate)
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(["100", "300", "700"] * 20))
+    assert advise_cli.main(["--lengths", str(lengths), "--max-tokens", "1024", "--target", str(checkpoint),
+                            "--cache-dir", str(tmp_path), "--json"]) == 0
+    assert seen["config"]["target"]["pretrained"] == str(checkpoint.resolve())
+    assert seen["bytes"] == 4 * sum(p.numel() for p in model.parameters())
+    assert torch.get_default_device().type == "cpu"  # the meta device stayed inside the count

@@ -149,6 +149,13 @@ def _read_in_worker(samples, indices):
     return [ids.tolist() for ids, _ in samples.samples(indices)]
 
 
+def _default_stop_signals():
+    """A forked worker dies on the pool's SIGTERM whatever handler the parent process had installed."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def test_samples_in_forked_workers(tmp_path: Path):
     import multiprocessing
 
@@ -156,7 +163,7 @@ def test_samples_in_forked_workers(tmp_path: Path):
     pq.write_table(pa.table({"input_ids": IDS}), path)
     samples = load_samples(_cfg(path, tmp_path), progress=False)
     samples.sample(0)  # the parent has touched the Arrow table before forking
-    with multiprocessing.get_context("fork").Pool(2) as pool:
+    with multiprocessing.get_context("fork").Pool(2, initializer=_default_stop_signals) as pool:
         # a bound on the wait: a worker deadlocked by the fork fails the test instead of hanging the suite
         results = pool.starmap_async(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])]).get(timeout=60)
     assert results == [IDS[:2], [IDS[3], IDS[2]]]

@@ -586,3 +586,20 @@ def test_the_run_log_copies_what_the_process_prints(tmp_path, capsys):
     assert log.read_text() == "data ✓ 40 samples\nbar: 100%\nclosing line\nunfinished\n"
     out, err = capsys.readouterr()
     assert out == "data ✓ 40 samples\nclosing line\n" and err.startswith("bar: 10%\rbar: 50%")
+
+
+def test_an_in_process_run_leaves_the_signal_handlers_as_it_found_them(tmp_path, batchlab_cache):
+    """A run inside a notebook or a test must hand Ctrl-C and SIGTERM back (they would otherwise only set the
+    finished trainer's stop flag)."""
+    import signal
+
+    from train_support import compose_config
+
+    from harness.train.run import run
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    summary = run(compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
+                                  "trainer.progress=false", "trainer.stop_tokens=1500", "trainer.eval_real_prompts=0"]),
+                  tmp_path / "run")
+    assert summary["status"] == "complete"
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -232,9 +232,11 @@ def target_bytes(config_dict: dict[str, Any]) -> int:
     from harness.train.config import run_config_from_dict
 
     config = run_config_from_dict(config_dict)
-    kwargs = {k: v for k, v in config.target_kwargs.items() if k != "pretrained"}
+    pretrained = config.target.pretrained
+    source = (pretrained if pretrained and Path(str(pretrained)).is_dir()
+              else {k: v for k, v in config.target_kwargs.items() if k != "pretrained"})
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(load_target_config(kwargs))
+        model = Qwen3_5ForCausalLM(load_target_config(source))
     width = 2 if config.trainer.precision == "bf16" else 4
     return sum(p.numel() for p in model.parameters()) * width
 

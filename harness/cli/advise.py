@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-accum", type=at_least(int, 1), default=1, help="micro-batches per step (default 1)")
     parser.add_argument("--step-tokens", type=at_least(int, 1), default=None, help="equal-token steps of this size")
     parser.add_argument("--strategies", default=None, help="comma-separated (default: all)")
-    parser.add_argument("--target", default="tiny", help="conf/target/ option (default tiny)")
+    parser.add_argument("--target", default="tiny",
+                        help="conf/target/ option (default tiny), or a target checkpoint directory")
     parser.add_argument("--drafter", default="tiny", help="conf/drafter/ option (default tiny)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
@@ -75,10 +76,14 @@ def advise(args: argparse.Namespace) -> int:
     from harness.data.lengths import load_lengths
     from harness.train.config import compose_run_config
 
+    target = [f"target={args.target}"]
+    if args.target not in group_options("target") and Path(args.target).is_dir():  # a checkpoint's own weights
+        target = ["target=tiny", f"target.pretrained={Path(args.target).resolve()}"]
     for group, option in (("target", args.target), ("drafter", args.drafter)):
-        if option not in group_options(group):
-            raise ValueError(f"--{group} {option}: no conf/{group}/{option}.yaml; choose one of "
-                             f"{', '.join(group_options(group))}")
+        if option not in group_options(group) and not (group == "target" and Path(option).is_dir()):
+            raise ValueError(f"--{group} {option}: no conf/{group}/{option}.yaml"
+                             + (" and no checkpoint directory" if group == "target" else "")
+                             + f"; choose one of {', '.join(group_options(group))}")
     if args.device == "cuda":
         import torch
 
@@ -96,7 +101,7 @@ def advise(args: argparse.Namespace) -> int:
     import os
 
     threads = max(1, (os.cpu_count() or 1) // args.world_size) if args.device == "cpu" else None
-    config = compose_run_config([f"target={args.target}", f"drafter={args.drafter}", "trainer.nproc=1",
+    config = compose_run_config([*target, f"drafter={args.drafter}", "trainer.nproc=1",
                                  f"trainer.threads_per_rank={'null' if threads is None else threads}",
                                  f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
                                  f"trainer.precision={args.dtype}", "logger=none"])

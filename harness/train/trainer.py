@@ -52,13 +52,17 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
         """Run until the stop condition; returns the summary (rank 0's copy is the one written)."""
-        self._install_signal_handlers()
+        previous = self._install_signal_handlers()
         try:
             summary = self._train()
             self.source.close()
         except BaseException:
             self.abort()
             raise
+        finally:  # a run inside a notebook or a test leaves Ctrl-C (and SIGTERM) as it found them
+            for sig, handler in previous.items():
+                with contextlib.suppress(ValueError, TypeError):
+                    signal.signal(sig, handler)
         return summary
 
     def _train(self) -> dict[str, Any]:
@@ -216,15 +220,18 @@ class Trainer:
             return self.state.global_step >= self.data.total_steps
         return self.state.tokens_seen >= self.data.total_tokens
 
-    def _install_signal_handlers(self) -> None:
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Stop signals finish the step and checkpoint; returns the handlers they replaced."""
         def request_stop(signum: int, frame: Any) -> None:  # noqa: ARG001
             self.stop_requested = True
 
         # a submitit job (hydra/launcher=slurm) is warned by SIGUSR2 before its time limit (signal_delay_s)
         submitit = (signal.SIGUSR2,) if os.environ.get("SUBMITIT_EXECUTOR") else ()
+        previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT, *submitit):
             with contextlib.suppress(ValueError):  # not the main thread
-                signal.signal(sig, request_stop)
+                previous[sig] = signal.signal(sig, request_stop)
+        return previous
 
     def _plan_record(self, plan: Plan) -> dict[str, Any]:
         """The epoch's plan metrics, logged with its first step (the ACF also as a W&B table)."""

@@ -35,6 +35,10 @@ from harness.train.summary import run_summary
 from strategies import Plan
 
 
+#: set in a process a launcher started (torch elastic / torchrun, submitit, srun): a rank, not the user's own process
+LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SUBMITIT_EXECUTOR", "SLURM_PROCID")
+
+
 class NonFiniteLoss(RuntimeError):
     """A step's loss or gradient norm is not finite; the last good checkpoint is kept."""
 
@@ -59,10 +63,13 @@ class Trainer:
         except BaseException:
             self.abort()
             raise
-        finally:  # a run inside a notebook or a test leaves Ctrl-C (and SIGTERM) as it found them
-            for sig, handler in previous.items():
-                with contextlib.suppress(ValueError, TypeError):
-                    signal.signal(sig, handler)
+        finally:
+            if not any(name in os.environ for name in LAUNCHER_VARIABLES):
+                # a run inside a notebook or a test leaves Ctrl-C (and SIGTERM) as it found them; a launched
+                # rank keeps its handlers to the end (a peer's late SIGUSR2 must not reach submitit's own)
+                for sig, handler in previous.items():
+                    with contextlib.suppress(ValueError, TypeError):
+                        signal.signal(sig, handler)
         return summary
 
     def _train(self) -> dict[str, Any]:

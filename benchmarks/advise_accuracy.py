@@ -52,9 +52,8 @@ def main() -> None:
     from strategies import report_order
 
     strategies = args.strategies.split(",") if args.strategies else report_order()
-    threads = max(1, (os.cpu_count() or 1) // args.nproc)
     started = time.time()
-    config_dict = compose(["logger=none", "trainer.progress=false", f"trainer.threads_per_rank={threads}"])
+    config_dict = compose(["logger=none", "trainer.progress=false"])
     config = run_config_from_dict(config_dict)
     samples = load_samples(config.data, progress=False)
     selection = select_rows(config, samples)
@@ -92,7 +91,7 @@ def main() -> None:
         f"{datetime.date.today().isoformat()}. Calibration {calibrated:.0f} s (worst fit error "
         f"{100 * calibration.worst_error():.0f}% over {len(calibration.shapes)} shapes: a={calibration.a:.3g} s/slot, "
         f"b={calibration.b:.3g} s/len², c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.1f} ms a "
-        f"micro-batch, {1e3 * calibration.step_s:.1f} ms a step, {threads} thread(s) as each rank has); "
+        f"micro-batch, {1e3 * calibration.step_s:.1f} ms a step, each rank with its share of the cores); "
         f"all took {elapsed / 60:.1f} min.\n\n"
         "The training throughput benchmark's settings (embedded default data, tiny target and drafter, "
         f"max_tokens={config.trainer.max_tokens}, {args.nproc} gloo ranks); predicted from the run's own training "

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from harness.data import cache
+from strategies.cost import drafter_blocks
 
 FORMAT_VERSION = 1
 CACHE_SUBDIR = "advise"
@@ -49,7 +50,7 @@ class Shape:
     def terms(self, block_size: int, num_anchors: int, max_tokens: int) -> tuple[float, float, float]:
         """``(slots, Σlen², blocks)`` as :class:`strategies.CostModel` counts them."""
         lengths = np.asarray(self.lengths, dtype=np.float64)
-        blocks = float(np.clip(lengths - (block_size - 1), 0, num_anchors).sum())
+        blocks = float(drafter_blocks(np.asarray(self.lengths), block_size, num_anchors).sum())
         if self.layout == "packed":
             return float(max_tokens), float((lengths ** 2).sum()), blocks
         longest = float(lengths.max())
@@ -262,7 +263,7 @@ def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[t
     env = external_launch_env() or RankEnv()
     init_process_group(env, config_dict["trainer"]["device"], 600)
     try:
-        measure = _measurer(config_dict, all_reduce=env.distributed)
+        measure = _measurer(config_dict, env)
         return [measure(shape) for shape in shapes]
     finally:
         destroy_process_group()
@@ -274,9 +275,10 @@ def _write_atomic(path: Path, values: dict) -> None:
     os.replace(temporary, path)
 
 
-def _measurer(config_dict: dict[str, Any], all_reduce: bool = False) -> Callable[[Shape], tuple[list[float], float]]:
-    """Times a shape's micro-batch as the trainer runs it, on the run's own target and drafter (``all_reduce``:
-    the step sums the gradients over the process group first, as DDP does)."""
+def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape], tuple[list[float], float]]:
+    """Times a shape's micro-batch as the trainer runs it, on the run's own target and drafter, with the threads
+    a rank of ``env`` gets (its share of the cores; None: one rank). With several ranks the step sums the
+    gradients over the process group first, as DDP does."""
     import torch
     import torch.distributed as dist
 
@@ -284,10 +286,12 @@ def _measurer(config_dict: dict[str, Any], all_reduce: bool = False) -> Callable
     from harness.train.config import run_config_from_dict
     from harness.train.modules import DrafterModel, rank_device
 
-    config = run_config_from_dict(config_dict)
     from harness.train.distributed import RankEnv
 
-    device = rank_device(config, RankEnv())
+    config = run_config_from_dict(config_dict)
+    env = env or RankEnv()
+    all_reduce = env.distributed
+    device = rank_device(config, env)
     model = DrafterModel(config, device)
     optimizer = torch.optim.AdamW(model.parameters, lr=1e-4)
     vocab = int(model.target.embed_tokens.num_embeddings)

@@ -98,11 +98,7 @@ def advise(args: argparse.Namespace) -> int:
     if over == lengths.size:
         raise ValueError(f"every sample is longer than --max-tokens {args.max_tokens} (the shortest has "
                          f"{int(lengths.min())} tokens); raise --max-tokens")
-    import os
-
-    threads = max(1, (os.cpu_count() or 1) // args.world_size) if args.device == "cpu" else None
     config = compose_run_config([*target, f"drafter={args.drafter}", "trainer.nproc=1",
-                                 f"trainer.threads_per_rank={'null' if threads is None else threads}",
                                  f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
                                  f"trainer.precision={args.dtype}", "logger=none"])
     needed, free = target_bytes(config), available_bytes(args.device)

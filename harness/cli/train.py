@@ -61,6 +61,7 @@ def _launcher_rank() -> int:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    from harness.cli.errors import full_errors
     from harness.train.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, prepared_config, run
     from harness.train.run_log import RUN_LOG, copied_to
 
@@ -85,7 +86,7 @@ def main(cfg: DictConfig) -> float | None:
     except BadInput as bad:  # one line; the traceback goes to the run's log (and the terminal with HYDRA_FULL_ERROR=1)
         with log.open("a") as file:
             traceback.print_exception(bad, file=file)
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if full_errors():
             traceback.print_exception(bad)
         print(f"batchlab-train: {bad} (traceback in {log})", file=sys.stderr, flush=True)
         sys.exit(2)

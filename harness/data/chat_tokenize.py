@@ -46,6 +46,19 @@ class ChatTokenizer:
         return len(self.tokenizer)
 
 
+#: files that make a checkpoint directory a Hugging Face tokenizer too
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
+
+
+def checkpoint_tokenizer(checkpoint: str | Path | None) -> str | None:
+    """``checkpoint`` when it is a directory holding a Hugging Face tokenizer (a target checkpoint's own, the
+    default for conversations), else None."""
+    if not checkpoint:
+        return None
+    directory = Path(str(checkpoint))
+    return str(directory) if any((directory / name).is_file() for name in TOKENIZER_FILES) else None
+
+
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
     """The tokenizer of a local directory; refused when it has no chat template (saying how to give one)."""
     directory = Path(path).expanduser()

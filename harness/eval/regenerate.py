@@ -336,10 +336,9 @@ def _regenerate_command(args: argparse.Namespace) -> int:
     if target.is_dir() and not (target / "config.json").is_file():
         raise FileNotFoundError(f"--target {args.target}: not a checkpoint directory (no config.json); give one "
                                 "written by save_pretrained or batchlab-pretrain-target --out DIR")
-    tokenizer = args.tokenizer
-    if tokenizer is None and target.is_dir() and any((target / name).is_file() for name in
-                                                     ("tokenizer_config.json", "tokenizer.json")):
-        tokenizer = str(target)
+    from harness.data.chat_tokenize import checkpoint_tokenizer
+
+    tokenizer = args.tokenizer if args.tokenizer is not None else checkpoint_tokenizer(target)
     data = DataConfig(source=args.source, max_documents=args.max_documents or None, vocab_size=args.vocab_size,
                       cache_dir=args.cache_dir, tokenizer=tokenizer)
     settings = RegenerateSettings(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,

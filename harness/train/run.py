@@ -92,19 +92,17 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 
-#: files that make a checkpoint directory a Hugging Face tokenizer too
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
-
-
 def _with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
     """Conversations are tokenized with the target's own tokenizer and chat template by default: with
     ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint directory that holds a tokenizer, the
     config names it; any other config as it is."""
-    checkpoint = Path(str(config.target.pretrained or ""))
-    if (config.data.tokenizer is not None or not config.target.pretrained or config.target.pretrained == EMBEDDED_TARGET
-            or not any((checkpoint / name).is_file() for name in TOKENIZER_FILES)):
+    from harness.data.chat_tokenize import checkpoint_tokenizer
+
+    pretrained = None if config.target.pretrained == EMBEDDED_TARGET else config.target.pretrained
+    tokenizer = None if config.data.tokenizer is not None else checkpoint_tokenizer(pretrained)
+    if tokenizer is None:
         return config_dict
-    return {**config_dict, "data": {**config_dict["data"], "tokenizer": str(checkpoint)}}
+    return {**config_dict, "data": {**config_dict["data"], "tokenizer": tokenizer}}
 
 
 def _with_regenerated_completions(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
@@ -348,10 +346,10 @@ def run(config_dict: dict[str, Any], run_dir: str | Path) -> dict[str, Any]:
 
 def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dict[str, Any]:
     try:
-        done = complete_summary(run_dir) if config.trainer.resume else None
-        if done is not None:
+        complete = complete_summary(run_dir) if config.trainer.resume else None
+        if complete is not None:
             print(f"batchlab-train: {run_dir} already holds this run, complete; skipped", flush=True)
-            return done
+            return complete
         with preparing("data") as done:
             samples = load_samples(config.data, progress=config.trainer.progress)  # the ranks find the caches built
             done(f"{len(samples):,} samples: {samples.source}")

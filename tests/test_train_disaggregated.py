@@ -103,8 +103,11 @@ def test_two_drafter_ranks_train_as_two_colocated_ranks(tmp_path, batchlab_cache
 
 
 def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache):
+    """Also: with no thread count given, the drafter rank takes its share of the cores beside the target ranks
+    (the job's 3 processes), not all of them (it did: its Trainer's rank env counts the drafter ranks only)."""
     run_dir = tmp_path / "run"
-    result = train_cli([*SMALL, *DISAGGREGATED, "topology.max_in_flight=2", "topology.drafter_delay_s=0.4",
+    own_threads = [o for o in SMALL if not o.startswith("trainer.threads_per_rank=")]
+    result = train_cli([*own_threads, *DISAGGREGATED, "topology.max_in_flight=2", "topology.drafter_delay_s=0.4",
                         "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
                         "trainer.stop_tokens=3000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
@@ -114,6 +117,8 @@ def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache
     assert max(r["topology_in_flight_max"] for r in records) == 2
     assert all(v <= 2 for r in records for v in r["topology_in_flight"])
     assert all(r["topology_buffered"] <= 2 * 2 for r in records)  # the reorder buffer: links x bound
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["torch_threads"] == max(1, (os.cpu_count() or 1) // 3), summary["torch_threads"]
     # (how long the drafter waits and how busy the targets are is speed, not correctness: benchmarks/placement.py)
 
 

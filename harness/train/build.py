@@ -38,7 +38,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     env = placement.trainer_env  # this rank among the ranks that train the drafter
     comm = Collectives(env, placement.group)
     trainer = config.trainer
-    device = rank_device(config, env)
+    device = rank_device(config, placement.env)  # the whole job shares the cores, not only the drafter ranks
     # where this rank is (run_dir/status/): the launcher names the stage and step of a rank that died
     status = RankStatus(run_dir, env.rank, role="train" if placement.role == COLOCATED else placement.role)
     status.stage("setup", 0)

@@ -33,10 +33,20 @@ def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
 
 
 def rank_device(config: RunConfig, env: Any) -> torch.device:
-    """This rank's device (``cuda:LOCAL_RANK`` or the CPU); sets torch's intra-op threads to its share of the cores."""
+    """This rank's device (``cuda:LOCAL_RANK`` or the CPU); sets torch's intra-op threads to its share of the cores.
+
+    ``env`` is this rank's place in the whole job: every process of the job on this machine shares its cores (a
+    disaggregated drafter rank as much as the target ranks beside it)."""
     trainer = config.trainer
-    torch.set_num_threads(trainer.threads_per_rank or max(1, (os.cpu_count() or 1) // env.world_size))
+    torch.set_num_threads(trainer.threads_per_rank or cpu_threads_per_rank(env))
     return torch.device(f"cuda:{env.local_rank}" if trainer.device == "cuda" else "cpu")
+
+
+def cpu_threads_per_rank(env: Any) -> int:
+    """This machine's cores over the job's processes on it (torch elastic's ``LOCAL_WORLD_SIZE``; else the job's
+    world size), at least 1."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or env.world_size)
+    return max(1, (os.cpu_count() or 1) // max(1, local))
 
 
 def run_dtype(config: RunConfig) -> torch.dtype:

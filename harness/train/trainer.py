@@ -92,7 +92,8 @@ class Trainer:
         summary = run_summary(
             config=self.config, world_size=self.env.world_size, data=self.data, state=state,
             interrupted=self.stop_requested and not self._done(), wall_time=time.perf_counter() - wall_started,
-            seen_at_most_once=self.consumed.at_most_once(), extra=self.source.summary(),
+            seen_at_most_once=self.consumed.at_most_once(),
+            extra={**self.source.summary(), "torch_threads": torch.get_num_threads()},  # this rank's CPU threads
             run_dir=self.run_dir if self.env.is_main else None)
         self.logger.summary(summary)
         where = self.logger.locations()

@@ -2,7 +2,8 @@
 # GPU checks of the models on a CUDA machine that already has torch, triton and transformers:
 # the GPU tests (fla vs the PyTorch reference, packed vs separate on CUDA, the drafter's FlexAttention
 # path vs its dense one), batchlab-check in fp32, TF32 and bf16, the target's forward throughput
-# per layout in bf16, a 200-step bf16 training run and the reference run's shape shrunk to one period
+# per layout in bf16, the drafter's training step per attention path, a 200-step bf16 training run and
+# the reference run's shape shrunk to one period
 # of layers (when hydra-core and datasets are there). Results land in OUT (default ./gpu-check) as logs, JSON and markdown.
 #
 #   bash benchmarks/gpu_check.sh [OUT]
@@ -60,6 +61,12 @@ timeout "${limit:-180}" "$py" benchmarks/target_throughput.py --device cuda --dt
   --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
   > "$out/throughput_cuda.md" 2>&1 || status=1
 tail -4 "$out/throughput_cuda.md" | tee -a "$out/summary.txt"
+# The drafter's training step per attention path on the GPU (flex, the CUDA default, against sdpa and the
+# dense reference): tokens/s and peak allocated memory at the demo shape, 10 documents and one 8K document.
+step "drafter step per attention path (CUDA)"
+timeout "${limit:-240}" "$py" benchmarks/drafter_step.py --device cuda --rounds 2 --steps 3 \
+  > "$out/drafter_step_cuda.md" 2>&1 || status=1
+grep -E "^\| (demo|large)" "$out/drafter_step_cuda.md" | tee -a "$out/summary.txt"
 # A short bf16 training run (fla kernels, flex drafter, 1 GPU): 200 optimizer steps of the default packed run.
 step "bf16 training run (200 steps)"
 if "$py" -c "import hydra, datasets, tokenizers, wandb" 2>/dev/null; then
@@ -91,6 +98,17 @@ try:
 except (OSError, ValueError, KeyError) as err:
     print(f"reference shape: did not finish ({err}); see reference_1gpu.log")
 PY
+  # batchlab-advise on the GPU: its predictions against real runs (tiny configs, 1 GPU), then the 8-GPU reference
+  # shape predicted from this one GPU's calibration (one period of the 27B-class target's layers, bf16)
+  step "batchlab-advise: predicted against measured, 1 GPU"
+  timeout "${limit:-300}" "$py" benchmarks/advise_accuracy.py --device cuda --nproc 1 --rounds 1 --tokens 400000 \
+    > "$out/advise_accuracy_cuda.md" 2>&1 || status=1
+  grep -E "^\| [a-z_]+ \||worst error|ranking" "$out/advise_accuracy_cuda.md" | tee -a "$out/summary.txt"
+  step "batchlab-advise: 8 GPUs of the reference shape (one period of layers) predicted from this GPU"
+  timeout "${limit:-300}" "$py" -m harness.cli.advise --experiment reference_8gpu --set target.num_hidden_layers=4 \
+    --device cuda --dtype bf16 --profile chat-902k --max-tokens 16384 --world-size 8 --tokens 2e9 \
+    --cache-dir "$out/cache" --report-dir "$out/advise-8gpu" > "$out/advise_8gpu.txt" 2>&1 || status=1
+  tail -12 "$out/advise_8gpu.txt" | tee -a "$out/summary.txt"
 else
   echo "bf16 training runs skipped: hydra-core, datasets, tokenizers or wandb is not installed here (carry their wheels in WHEELS)" | tee -a "$out/summary.txt"
 fi

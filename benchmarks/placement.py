@@ -92,44 +92,33 @@ def measure(strategies, tokens: int, rounds: int) -> dict[tuple[str, str], list[
 
 
 def model_8gpu(strategies) -> list[dict]:
-    """Per strategy: modelled 8-GPU throughput of colocated and of every T + (8 - T) split (module docstring)."""
+    """Per strategy: modelled 8-GPU throughput of colocated and of every T + (8 - T) split (module docstring), on
+    the stage-time model batchlab-advise uses (:mod:`harness.advise.stages`) with the FLOP-estimate costs."""
+    from harness.advise.stages import StageCost, colocated_seconds, splits
     from harness.data.profiles import profile_lengths
     from strategies import Budget, CostModel, plan
-    from strategies.cost import drafter_blocks
-    from strategies.epoch_plan import segment_reduce
 
     lengths = profile_lengths("chat-902k")
     budget = Budget(16384)
     cost = CostModel(c=1.5 + 0.6 * MODEL_DRAFTER_LAYERS, block_size=16, num_anchors=512)
+    anchors = dict(block_size=cost.block_size, num_anchors=cost.num_anchors)
+    target = StageCost(a=cost.a, b=cost.b, **anchors)
+    drafter = StageCost(c=cost.c, max_blocks=MODEL_MAX_BLOCKS, **anchors)
     rows = []
     for strategy in strategies:
-        def stage_costs(world_size: int, grad_accum: int):
-            p = plan(lengths, budget, strategy, seed=0, epoch=0, world_size=world_size, grad_accum=grad_accum)
-            target = cost.target_only().micro_batch_costs(p.lengths, p.sample_indices, p.micro_batch_offsets,
-                                                          p.layout, budget.max_tokens)
-            blocks = segment_reduce(np.add, drafter_blocks(p.lengths[p.sample_indices], 16, 512).astype(np.float64),
-                                    p.micro_batch_offsets, dtype=np.float64)
-            drafter = cost.c * np.minimum(blocks, MODEL_MAX_BLOCKS)
-            return p, target, drafter
+        def make_plan(world_size: int, grad_accum: int, strategy=strategy):
+            return plan(lengths, budget, strategy, seed=0, epoch=0, world_size=world_size, grad_accum=grad_accum)
 
-        p, target, drafter = stage_costs(MODEL_GPUS, 1)
-        tokens = float(p.micro_batch_tokens().sum())
-        colocated_time = float((target + drafter).reshape(p.num_steps, MODEL_GPUS).max(axis=1).sum())
-        row = {"strategy": strategy, "colocated": tokens / colocated_time, "splits": {}}
-        for target_ranks in range(1, MODEL_GPUS):
-            drafter_ranks = MODEL_GPUS - target_ranks
-            # the drafter ranks' plan at the same global batch (8 micro-batches a step)
-            if MODEL_GPUS % drafter_ranks:
-                continue
-            _, t_cost, d_cost = stage_costs(drafter_ranks, MODEL_GPUS // drafter_ranks)
-            d_steps = d_cost.reshape(-1, drafter_ranks, MODEL_GPUS // drafter_ranks).sum(axis=2).max(axis=1).sum()
-            target_time, drafter_time = float(t_cost.sum()) / target_ranks, float(d_steps)
-            epoch_time = max(target_time, drafter_time)
-            row["splits"][target_ranks] = {
-                "tokens_per_cost": tokens / epoch_time, "target_busy": target_time / epoch_time,
-                "drafter_busy": drafter_time / epoch_time,
-            }
-        row["drafter_share"] = float(drafter.sum() / (target.sum() + drafter.sum()))
+        colocated_plan = make_plan(MODEL_GPUS, 1)
+        tokens = float(colocated_plan.micro_batch_tokens().sum())
+        row = {"strategy": strategy, "colocated": tokens / colocated_seconds(colocated_plan, target, drafter),
+               "splits": {}}
+        for split in splits(make_plan, MODEL_GPUS, 1, target, drafter):
+            row["splits"][split.target_ranks] = {"tokens_per_cost": split.tokens_per_second,
+                                                 "target_busy": split.target_busy, "drafter_busy": split.drafter_busy}
+        target_work = float(target.micro_batch(colocated_plan).sum())
+        drafter_work = float(drafter.micro_batch(colocated_plan).sum())
+        row["drafter_share"] = drafter_work / (target_work + drafter_work)
         rows.append(row)
     return rows
 

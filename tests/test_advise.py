@@ -14,6 +14,8 @@ from harness.cli import advise as advise_cli
 
 #: a (s/slot), b (s/len²), c (s/block), m (s/micro-batch): each term a visible share of a 2,048-token micro-batch
 TRUE = np.array([1e-4, 1e-8, 5e-5, 2e-2])
+#: the same split in two stages: the target's forward (slots, Σlen², its share of m), the drafter's (blocks, the rest)
+TARGET, DRAFTER = np.array([1e-4, 1e-8, 0.0, 1.5e-2]), np.array([0.0, 0.0, 5e-5, 0.5e-2])
 
 
 def terms_of(shapes, max_tokens=2048, block_size=8, num_anchors=64):
@@ -61,7 +63,7 @@ def synthetic_measure(calls):
     def measure(shape):
         calls.append(shape)
         terms = np.array([*shape.terms(8, 64, 1024), 1.0])
-        return [float(terms @ TRUE)] * 3, 0.01
+        return [float(terms @ TRUE)] * 3, [float(terms @ TARGET)] * 3, 0.01
     return measure
 
 
@@ -87,12 +89,16 @@ def test_an_interrupted_calibration_resumes_and_never_leaves_a_corrupt_cache(tmp
     assert measured and len(calls) == len(shapes) - 4  # only what was left
     assert [p.name for p in (tmp_path / cal.CACHE_SUBDIR).iterdir()] == [f"{calibration.key}.json"]
     assert np.allclose([calibration.a, calibration.b, calibration.c, calibration.micro_batch_s], TRUE, rtol=1e-6)
+    # the stages timed apart are fitted apart: the target's forward and the drafter's step
+    assert np.allclose(calibration.target_stage, TARGET, rtol=1e-6, atol=1e-12), calibration.target_stage
+    assert np.allclose(calibration.drafter_stage, DRAFTER, rtol=1e-6, atol=1e-12), calibration.drafter_stage
     again, measured_again = cal.calibrate(cfg, tmp_path, progress=False, measure=measure)
     assert not measured_again and again == calibration
 
 
-def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64):
-    return cal.Calibration(*TRUE, 0.01, block_size, num_anchors, max_tokens, "k" * 64, {"cpu": "test"}, [])
+def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64, drafter=DRAFTER):
+    return cal.Calibration(*TRUE, 0.01, block_size, num_anchors, max_tokens, "k" * 64, {"cpu": "test"}, [],
+                           list(TARGET), list(drafter))
 
 
 def test_predictions_are_deterministic_and_sum_the_plans_micro_batches():
@@ -141,6 +147,10 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--max-tokens", "8"], "argument --max-tokens: 8 is too small"),
     (["--strategies", "sortd"], "unknown strategy sortd"),
     (["--target", "qwen3.6-27b"], "GiB for its weights alone at fp32, more than the 16.0 GiB free on cpu"),
+    (["--experiment", "reference_8gpu"], "--target (experiment reference_8gpu) needs"),  # its 27B-class target
+    (["--experiment", "nope"], "--experiment nope: no conf/experiment/nope.yaml"),
+    (["--set", "optim.lr=1"], "--set optim.lr=1: give KEY=VALUE with a target., drafter. or trainer. key"),
+    (["--set", "drafter.num_hidden_layer=5"], "drafter.num_hidden_layer"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "available_bytes", lambda device: 16 * 2**30)  # the 27B target never fits, anywhere
@@ -240,3 +250,130 @@ def test_a_target_checkpoint_is_calibrated_as_itself(tmp_path, monkeypatch, caps
     assert seen["config"]["target"]["pretrained"] == str(checkpoint.resolve())
     assert seen["bytes"] == 4 * sum(p.numel() for p in model.parameters())
     assert torch.get_default_device().type == "cpu"  # the meta device stayed inside the count
+
+
+def test_the_stage_model_sums_every_split_by_hand():
+    """Colocated: each step's slowest rank (both stages) plus the step. A split T+D: the target ranks share all
+    the target work, the drafter ranks (planned at the same global batch) take each step's slowest drafter rank
+    plus the step; the slower stage is the epoch. Only splits whose drafter ranks divide the global batch."""
+    from harness.advise.stages import StageCost, colocated_seconds, splits
+    from strategies import Budget, build_strategy
+
+    lengths = np.random.default_rng(4).lognormal(5, 0.7, 400).astype(np.int64).clip(20, 1000)
+    strategy = build_strategy("shuffle")
+
+    def make_plan(world_size, grad_accum):
+        return strategy.plan(lengths, Budget(1024), seed=0, epoch=0, world_size=world_size, grad_accum=grad_accum,
+                             oversize="drop")
+
+    target = StageCost(a=1e-4, b=1e-8, m=0.01, block_size=8, num_anchors=64)
+    drafter = StageCost(c=5e-5, m=0.005, block_size=8, num_anchors=64, max_blocks=150)
+
+    def by_hand(docs, stage):
+        if docs.size == 0:
+            return 0.0
+        blocks = min(np.clip(docs - 7, 0, 64).sum(), 150)  # the drafter's cap per micro-batch
+        return (stage.a * docs.size * docs.max() + stage.b * docs.size * docs.max() ** 2 + stage.c * blocks
+                + stage.m)
+
+    def rank_times(plan, stages):
+        return [[sum(by_hand(plan.lengths[plan.micro_batch(step, rank, k)].astype(float), stage)
+                     for k in range(plan.grad_accum) for stage in stages) for rank in range(plan.world_size)]
+                for step in range(plan.num_steps)]
+
+    colocated = make_plan(4, 1)
+    expected = sum(max(ranks) + 0.002 for ranks in rank_times(colocated, [target, drafter]))
+    assert colocated_seconds(colocated, target, drafter, 0.002) == pytest.approx(expected, rel=1e-9)
+    found = splits(make_plan, 4, 1, target, drafter, 0.002)
+    assert [(s.label, s.drafter_grad_accum) for s in found] == [("2+2", 2), ("3+1", 4)]  # 3 drafter ranks: no
+    for split in found:
+        plan = make_plan(split.drafter_ranks, split.drafter_grad_accum)
+        target_time = sum(map(sum, rank_times(plan, [target]))) / split.target_ranks
+        drafter_time = sum(max(ranks) + 0.002 for ranks in rank_times(plan, [drafter]))
+        assert split.epoch_seconds == pytest.approx(max(target_time, drafter_time), rel=1e-9)
+        assert max(split.target_busy, split.drafter_busy) == pytest.approx(1.0)
+        assert split.target_busy == pytest.approx(target_time / split.epoch_seconds, rel=1e-9)
+        assert split.tokens == lengths[lengths <= 1024].sum()
+    # the target stage is the heavy one here: a third target rank shortens the epoch, the drafter rank idles more
+    assert found[1].epoch_seconds < found[0].epoch_seconds and found[1].drafter_busy > found[0].drafter_busy
+
+
+def test_predictions_place_the_stages_where_they_balance():
+    """On one rank there is nothing to split; on two, 1+1 against colocated, and the recommendation says which."""
+    lengths = np.random.default_rng(5).lognormal(5, 0.8, 500).astype(np.int64).clip(10, 1000)
+    one = predict(lengths, ["packed"], stored_calibration(), world_size=1)
+    assert one[0].placement is None and "Placement" not in recommendation(one)
+    # the target stage outweighs a light drafter: a split (1+1) idles the drafter rank, colocated wins
+    light = predict(lengths, ["packed", "shuffle"], stored_calibration(), world_size=2)
+    rows = light[0].placement["splits"]
+    assert [r["split"] for r in rows] == ["1+1"] and rows[0]["vs_colocated"] < 1.0
+    assert light[0].placement["best"] == "colocated"
+    assert "Placement: keep target and drafter colocated; the best split, 1 target + 1 drafter ranks" in \
+        recommendation(light)
+    # 4 ranks and a drafter as heavy as the target: 2+2 balances, and beats colocated only if stages overlap
+    balanced = predict(lengths, ["packed"], stored_calibration(drafter=TARGET[[2, 2, 0, 3]] + [0, 0, 1e-4, 0]),
+                       world_size=4)[0].placement
+    assert {r["split"] for r in balanced["splits"]} == {"2+2", "3+1"}
+    best = max(balanced["splits"], key=lambda r: r["tokens_per_second"])
+    assert balanced["best"] == (best["split"] if best["vs_colocated"] > 1 else "colocated")
+    assert min(best["target_busy"], best["drafter_busy"]) > 0.5  # the best split keeps both stages busy
+
+
+def test_a_runs_own_drafter_is_calibrated(tmp_path, monkeypatch, capsys):
+    """--drafter RUN_DIR: the drafter section of the run's config.json; a directory that is not a run is one line."""
+    from harness.train.config import compose_run_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    drafter = {**compose_run_config(["drafter=tiny"])["drafter"], "num_hidden_layers": 1, "block_size": 10}
+    (run_dir / "config.json").write_text(json.dumps({"drafter": drafter, "seed": 0}))
+    seen = {}
+
+    def fake_calibrate(config, *args, **kwargs):
+        seen["drafter"] = config["drafter"]
+        return stored_calibration(block_size=10, num_anchors=16), False
+
+    monkeypatch.setattr(cal, "calibrate", fake_calibrate)
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(["100", "300", "700"] * 20))
+    base = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path), "--world-size", "2"]
+    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 0
+    assert seen["drafter"] == drafter
+    out = capsys.readouterr().out
+    assert "placement on 2 ranks, target + drafter ranks" in out and "1+1" in out
+    (run_dir / "config.json").write_text(json.dumps({"drafter": {**drafter, "block_size": 4}}))
+    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 2
+    assert "its drafter config does not build with --target tiny: loss_decay_gamma" in capsys.readouterr().err
+    (run_dir / "config.json").write_text(json.dumps({"seed": 0}))
+    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "is not a batchlab-train run's config (no drafter section)" in err
+    assert advise_cli.main([*base, "--drafter", str(tmp_path / "lengths.txt")]) == 2
+    assert "no batchlab-train run directory (one holding config.json)" in capsys.readouterr().err
+
+
+def test_an_experiments_shape_is_calibrated_colocated_and_its_splits_modelled(tmp_path, monkeypatch, capsys):
+    """--experiment reference_8gpu --set ...: its target, drafter and trainer settings (one period of layers here),
+    each rank running both stages; the 8-rank splits are modelled from the stage fits."""
+    seen = {}
+
+    def fake_calibrate(config, *args, **kwargs):
+        seen["config"], seen["local_ranks"] = config, kwargs.get("local_ranks")
+        return stored_calibration(max_tokens=4096, block_size=16, num_anchors=512), False
+
+    monkeypatch.setattr(cal, "calibrate", fake_calibrate)
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 64 * 2**30)
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in np.random.default_rng(6).integers(100, 4000, 400)))
+    assert advise_cli.main(["--lengths", str(lengths), "--max-tokens", "4096", "--world-size", "8", "--dtype", "bf16",
+                            "--experiment", "reference_8gpu", "--set", "target.num_hidden_layers=4",
+                            "--cache-dir", str(tmp_path), "--json"]) == 0
+    config = seen["config"]
+    assert config["target"]["num_hidden_layers"] == 4 and config["target"]["vocab_size"] == 248320
+    assert (config["drafter"]["num_hidden_layers"], config["drafter"]["block_size"]) == (5, 16)
+    assert config["topology"]["name"] == "colocated" and config["trainer"]["nproc"] == 1
+    assert (config["trainer"]["precision"], config["trainer"]["max_tokens"]) == ("bf16", 4096)
+    assert seen["local_ranks"] == 8  # on CPU the 8 ranks share the machine: measured together
+    result = json.loads(capsys.readouterr().out)
+    assert [r["split"] for r in result["predictions"][0]["placement"]["splits"]] == ["4+4", "6+2", "7+1"]
+    assert "Placement:" in result["recommendation"]

@@ -7,7 +7,9 @@ tokens), packed rows of 1 to many documents (the same slots, other Σlen² and b
 as the trainer runs it (the frozen target's forward of the tapped layers, then the drafter's forward and
 backward), warm-up first and the median of repeats, and fits ``a, b, c, m ≥ 0`` by least squares,
 reporting each shape's error. ``s`` is the median time of gradient clipping, ``AdamW.step`` and
-``zero_grad``.
+``zero_grad``. The two stages are also timed apart (the target's forward, then the drafter's forward and
+backward) and fitted each on the same four terms: the stage costs a disaggregated placement balances
+(:mod:`harness.advise.stages`).
 
 The fit is cached (``$BATCHLAB_CACHE/advise/``) per machine (CPU model, cores, threads, torch), device,
 dtype, budget and target / drafter configs. Measurements are saved shape by shape as they are taken, so
@@ -34,7 +36,7 @@ import numpy as np
 from harness.data import cache
 from strategies.cost import drafter_blocks
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the target and drafter stages timed and fitted apart
 CACHE_SUBDIR = "advise"
 #: shapes timed per calibration, and runs of each (after one warm-up run)
 REPEATS = 3
@@ -90,7 +92,16 @@ class Calibration:
     max_tokens: int
     key: str
     machine: dict
-    shapes: list  # [{"layout", "lengths", "measured_s", "fitted_s", "error"}]
+    shapes: list  # [{"layout", "lengths", "measured_s", "fitted_s", "error", "target_s", "drafter_s"}]
+    target_stage: list  # [a, b, c, m] of the target's forward alone
+    drafter_stage: list  # [a, b, c, m] of the drafter's forward and backward alone
+
+    def stage_costs(self) -> tuple[Any, Any]:
+        """``(target, drafter)`` :class:`~harness.advise.stages.StageCost` of the stage fits (seconds)."""
+        from harness.advise.stages import StageCost
+
+        return (StageCost(*self.target_stage, block_size=self.block_size, num_anchors=self.num_anchors),
+                StageCost(*self.drafter_stage, block_size=self.block_size, num_anchors=self.num_anchors))
 
     def micro_batch_seconds(self, slots: np.ndarray, quad: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         return self.a * slots + self.b * quad + self.c * blocks + self.micro_batch_s * (slots > 0)
@@ -166,10 +177,11 @@ CONCURRENT_GROUP = 5
 
 
 def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = True,
-              measure: Callable[..., tuple[list[float], float]] | None = None,
+              measure: Callable[..., tuple[list[float], list[float], float]] | None = None,
               local_ranks: int = 1) -> tuple[Calibration, bool]:
     """The calibration for ``config_dict``'s target, drafter, device, dtype and ``trainer.max_tokens``:
-    ``(calibration, measured_now)``, from the cache when there. ``measure`` (tests): replaces the timing.
+    ``(calibration, measured_now)``, from the cache when there. ``measure`` (tests): replaces the timing; it
+    returns a shape's micro-batch times, its target stage's times (the same runs) and the step's time.
 
     ``local_ranks > 1`` (CPU ranks sharing this machine): that many processes measure every shape at the same
     time, each with its share of the cores, and their optimizer step includes the all-reduce of the drafter's
@@ -205,19 +217,24 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
                              run_id=f"batchlab-advise-{os.getpid()}-{time.time_ns()}")
         else:
             results = [measure(shape) for shape in group]
-        for shape, (times, step_s) in zip(group, results):
-            done["shapes"][_name(shape)] = statistics.median(times)
+        for shape, (times, target_times, step_s) in zip(group, results):
+            done["shapes"][_name(shape)] = {
+                "total": statistics.median(times), "target": statistics.median(target_times),
+                "drafter": statistics.median([t - u for t, u in zip(times, target_times)])}
             done["step_s"] = step_s if done["step_s"] is None else min(done["step_s"], step_s)
         _write_atomic(partial, done)
     max_tokens = int(trainer["max_tokens"])
     terms = np.array([[*shape.terms(block_size, num_anchors, max_tokens), 1.0] for shape in shapes])
-    seconds = np.array([done["shapes"][_name(s)] for s in shapes])
-    a, b, c, m = fit(terms, seconds)
+    seconds = {part: np.array([done["shapes"][_name(s)][part] for s in shapes])
+               for part in ("total", "target", "drafter")}
+    a, b, c, m = fit(terms, seconds["total"])
     fitted = terms @ np.array([a, b, c, m])
     rows = [{"layout": s.layout, "lengths": list(s.lengths), "measured_s": float(t), "fitted_s": float(f),
-             "error": float(f / t - 1)} for s, t, f in zip(shapes, seconds, fitted)]
+             "error": float(f / t - 1), "target_s": float(u), "drafter_s": float(d)}
+            for s, t, f, u, d in zip(shapes, seconds["total"], fitted, seconds["target"], seconds["drafter"])]
+    stages = [[float(x) for x in fit(terms, np.maximum(seconds[part], 1e-9))] for part in ("target", "drafter")]
     calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
-                              max_tokens, key, machine, rows)
+                              max_tokens, key, machine, rows, *stages)
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
     return calibration, True
@@ -255,7 +272,7 @@ def _name(shape: Shape) -> str:
     return f"{shape.layout}:{','.join(map(str, shape.lengths))}"
 
 
-def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], float]]:
+def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], list[float], float]]:
     """One of the ranks measuring together (started by torch elastic): every shape after a barrier, the step
     with the gradients' all-reduce."""
     from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
@@ -275,10 +292,11 @@ def _write_atomic(path: Path, values: dict) -> None:
     os.replace(temporary, path)
 
 
-def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape], tuple[list[float], float]]:
-    """Times a shape's micro-batch as the trainer runs it, on the run's own target and drafter, with the threads
-    a rank of ``env`` gets (its share of the cores; None: one rank). With several ranks the step sums the
-    gradients over the process group first, as DDP does."""
+def _measurer(config_dict: dict[str, Any],
+              env: Any = None) -> Callable[[Shape], tuple[list[float], list[float], float]]:
+    """Times a shape's micro-batch as the trainer runs it (and its target forward alone), on the run's own target
+    and drafter, with the threads a rank of ``env`` gets (its share of the cores; None: one rank). With several
+    ranks the step sums the gradients over the process group first, as DDP does."""
     import torch
     import torch.distributed as dist
 
@@ -297,7 +315,7 @@ def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape],
     vocab = int(model.target.embed_tokens.num_embeddings)
     drafter = model.drafter
 
-    def measure(shape: Shape) -> tuple[list[float], float]:
+    def measure(shape: Shape) -> tuple[list[float], list[float], float]:
         samples = _synthetic_samples(shape.lengths, vocab)
         collate = BatchCollator(samples, shape.layout, block_size=drafter.block_size,
                                 num_anchors=config.drafter_config.num_anchors, mask_token_id=drafter.mask_token_id,
@@ -305,7 +323,7 @@ def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape],
                                 anchor_seed=0)
         rows = np.arange(len(shape.lengths))
         batch = collate(rows, np.asarray(shape.lengths), epoch=0).to(device)
-        times, steps = [], []
+        times, target_times, steps = [], [], []
         for repeat in range(REPEATS + 1):
             if all_reduce:
                 dist.barrier()  # the ranks run each micro-batch together, sharing the cores as in training
@@ -314,6 +332,8 @@ def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape],
             with torch.no_grad():
                 features = model.target(batch.tokens, gdn_backend=config.trainer.gdn_backend,
                                          tap_layer_ids=list(drafter.target_layer_ids))
+            model.synchronize()
+            targeted = time.perf_counter()
             with model.autocast():
                 sums = model.objective(batch, features)
             (sums.weighted_ce_sum / max(batch.weight_sum, 1.0)).backward()
@@ -331,8 +351,9 @@ def _measurer(config_dict: dict[str, Any], env: Any = None) -> Callable[[Shape],
             model.synchronize()
             if repeat:  # the first run warms up
                 times.append(stepped - started)
+                target_times.append(targeted - started)
                 steps.append(time.perf_counter() - stepped)
-        return times, statistics.median(steps)
+        return times, target_times, statistics.median(steps)
 
     return measure
 

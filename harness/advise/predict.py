@@ -5,7 +5,8 @@ rank's step time is the calibrated cost of the micro-batches it runs in the step
 step waits for its slowest rank and adds the optimizer step, and the epoch's real tokens over its summed
 step time is the predicted real tokens/s (the number ``batchlab-train`` reports as ``tokens_per_second``).
 Collective communication is not modelled (on one machine it is small next to the step; on a GPU cluster
-measure it).
+measure it). On two or more ranks, every split of them into target and drafter ranks is modelled too, on the
+calibration's separate stage fits (:mod:`harness.advise.stages`): which split balances, against colocated.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Prediction:
     length_mix_excess: float
     rank_imbalance: float
     seconds_to_budget: float | None  # the --tokens budget, None when none was given
+    #: {"colocated_tokens_per_second", "splits": [{"split", "tokens_per_second", "vs_colocated", ...}], "best"}
+    #: on the stage fits; None on one rank
+    placement: dict | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -73,8 +77,29 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
             step_recurrence=float(metrics.get("step_recurrence", float("nan"))),
             length_mix_excess=float(metrics.get("length_mix_excess", float("nan"))),
             rank_imbalance=float(metrics.get("rank_imbalance_max", float("nan"))),
-            seconds_to_budget=(tokens / rate if tokens and rate > 0 else None)))
+            seconds_to_budget=(tokens / rate if tokens and rate > 0 else None),
+            placement=placement(plans[0], lambda w, g: strategy.plan(
+                lengths, budget, seed=seed, epoch=0, world_size=w, grad_accum=g, oversize=oversize,
+                step_tokens=step_tokens), calibration)))
     return out
+
+
+def placement(plan: Any, make_plan: Any, calibration: Calibration) -> dict | None:
+    """Colocated against every target/drafter split of ``plan``'s ranks, on the stage fits (None on one rank)."""
+    from harness.advise.stages import colocated_seconds, splits
+
+    if plan.world_size < 2:
+        return None
+    target, drafter = calibration.stage_costs()
+    colocated = colocated_seconds(plan, target, drafter, calibration.step_s)
+    rate = float(plan.micro_batch_tokens().sum()) / colocated if colocated > 0 else float("nan")
+    rows = [{"split": s.label, "target_ranks": s.target_ranks, "drafter_ranks": s.drafter_ranks,
+             "drafter_grad_accum": s.drafter_grad_accum, "tokens_per_second": s.tokens_per_second,
+             "vs_colocated": s.tokens_per_second / rate, "target_busy": s.target_busy, "drafter_busy": s.drafter_busy}
+            for s in splits(make_plan, plan.world_size, plan.grad_accum, target, drafter, calibration.step_s)]
+    best = max(rows, key=lambda r: r["tokens_per_second"], default=None)
+    return {"colocated_tokens_per_second": rate, "splits": rows,
+            "best": best["split"] if best and best["vs_colocated"] > 1.0 else "colocated"}
 
 
 def recommendation(predictions: list[Prediction], max_recurrence: float = 0.1) -> str:
@@ -96,4 +121,20 @@ def recommendation(predictions: list[Prediction], max_recurrence: float = 0.1) -
         ratio = most_diverse.tokens_per_second / fastest.tokens_per_second
         text += (f" The most diverse, {most_diverse.strategy} (recurrence {most_diverse.recurrence:.2f}), would run at "
                  f"{ratio:.2f}× its tokens/s.")
-    return text
+    return text + placement_sentence(fastest)
+
+
+def placement_sentence(prediction: Prediction) -> str:
+    """Where ``prediction``'s target and drafter should run: the split that balances, or why colocated wins."""
+    rows = (prediction.placement or {}).get("splits") or []
+    if not rows:
+        return ""
+    top = max(rows, key=lambda r: r["tokens_per_second"])
+    balance = (f"target ranks busy {100 * top['target_busy']:.0f}% of the epoch, drafter ranks "
+               f"{100 * top['drafter_busy']:.0f}%; an upper bound: the stages overlapping perfectly, feature transfers "
+               "left out)")
+    if prediction.placement["best"] != "colocated":
+        return (f" Placement: {top['target_ranks']} target + {top['drafter_ranks']} drafter ranks would run "
+                f"{prediction.strategy} at {top['vs_colocated']:.2f}× colocated ({balance}.")
+    return (f" Placement: keep target and drafter colocated; the best split, {top['target_ranks']} target + "
+            f"{top['drafter_ranks']} drafter ranks, would run at {top['vs_colocated']:.2f}× ({balance}.")

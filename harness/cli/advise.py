@@ -3,12 +3,15 @@
     batchlab-advise --lengths my_dataset/ --max-tokens 16384 --world-size 8 --tokens 2e9
     batchlab-advise --profile chat-902k --max-tokens 16384 --world-size 8 --json
     batchlab-advise --lengths data.jsonl --max-tokens 2048 --target tiny --drafter tiny --report-dir advice/
+    batchlab-advise --lengths data.jsonl --max-tokens 2048 --drafter multirun/strategies/strategy=packed,seed=0
 
 1. Calibrates the step-cost model on this machine (:mod:`harness.advise.calibrate`: the run's own target
    forward and drafter step timed on a design of shapes, cached per machine, device, dtype, budget and
    configs; ``--recalibrate`` measures again).
 2. Predicts for every strategy (:mod:`harness.advise.predict`): real tokens/s, time per epoch and to
-   ``--tokens``, beside padding, recurrence, step recurrence, length-mix excess and rank imbalance.
+   ``--tokens``, beside padding, recurrence, step recurrence, length-mix excess and rank imbalance; on two
+   or more ranks, every split into target and drafter ranks against colocated (:mod:`harness.advise.stages`,
+   on the target and drafter stages calibrated apart).
 3. Recommends in one paragraph, with what a finished sweep measured (``--sweep DIR``: only the differences
    the report's Holm-corrected tests keep). ``--json`` prints it all; ``--report-dir`` adds a figure (predicted
    tokens/s against recurrence, one point per strategy) and ``advice.json``.
@@ -40,9 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-accum", type=at_least(int, 1), default=1, help="micro-batches per step (default 1)")
     parser.add_argument("--step-tokens", type=at_least(int, 1), default=None, help="equal-token steps of this size")
     parser.add_argument("--strategies", default=None, help="comma-separated (default: all)")
-    parser.add_argument("--target", default="tiny",
+    parser.add_argument("--target", default=None,
                         help="conf/target/ option (default tiny), or a target checkpoint directory")
-    parser.add_argument("--drafter", default="tiny", help="conf/drafter/ option (default tiny)")
+    parser.add_argument("--experiment", default=None,
+                        help="conf/experiment/ option whose target, drafter and trainer settings to calibrate (e.g. "
+                             "reference_8gpu; its placement is modelled, not used)")
+    parser.add_argument("--drafter", default=None,
+                        help="conf/drafter/ option (default tiny), or a batchlab-train run directory (its drafter)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="a batchlab-train override of the target, drafter or trainer config, repeatable (e.g. "
+                             "--set drafter.num_hidden_layers=5 --set target.num_hidden_layers=4)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--tokens", type=lambda t: int(float(t)), default=None, help="token budget: time to reach it")
@@ -70,19 +80,33 @@ def advise(args: argparse.Namespace) -> int:
     import strategies
     from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, target_bytes
     from harness.advise.predict import predict, recommendation
-    from harness.cli.overrides import group_options
+    from harness.cli.overrides import check_override, group_options
     from harness.cli.plan import select_strategies
     from harness.data.config import DataConfig
     from harness.data.lengths import load_lengths
-    from harness.train.config import compose_run_config
+    from harness.train.config import compose_run_config, run_config_from_dict
 
-    target = [f"target={args.target}"]
-    if args.target not in group_options("target") and Path(args.target).is_dir():  # a checkpoint's own weights
-        target = ["target=tiny", f"target.pretrained={Path(args.target).resolve()}"]
-    for group, option in (("target", args.target), ("drafter", args.drafter)):
-        if option not in group_options(group) and not (group == "target" and Path(option).is_dir()):
+    if args.experiment is not None and args.experiment not in group_options("experiment"):
+        raise ValueError(f"--experiment {args.experiment}: no conf/experiment/{args.experiment}.yaml; choose one of "
+                         f"{', '.join(group_options('experiment'))}")
+    # an experiment's settings, each rank with both stages (the placements are modelled from the calibration)
+    experiment = [f"experiment={args.experiment}", "topology=colocated"] if args.experiment else []
+    target = [] if args.target is None else [f"target={args.target}"]
+    if args.target is not None and args.target not in group_options("target") and Path(args.target).is_dir():
+        target = ["target=tiny", f"target.pretrained={Path(args.target).resolve()}"]  # a checkpoint's own weights
+    drafter, drafter_section = ([] if args.drafter is None else [f"drafter={args.drafter}"]), None
+    if args.drafter is not None and args.drafter not in group_options("drafter") and (
+            Path(args.drafter) / "config.json").is_file():
+        drafter_section = _run_drafter(Path(args.drafter))  # a run's own drafter, as overrides (--set wins)
+        chosen = {override.split("=", 1)[0] for override in args.overrides}
+        drafter = ["drafter=tiny", *(f"drafter.{key}={json.dumps(value)}" for key, value in drafter_section.items()
+                                     if f"drafter.{key}" not in chosen)]
+    for group, option, other in (("target", args.target, args.target is not None and Path(args.target).is_dir()),
+                                 ("drafter", args.drafter, drafter_section is not None)):
+        if option is not None and option not in group_options(group) and not other:
             raise ValueError(f"--{group} {option}: no conf/{group}/{option}.yaml"
-                             + (" and no checkpoint directory" if group == "target" else "")
+                             + (" and no checkpoint directory" if group == "target" else
+                                " and no batchlab-train run directory (one holding config.json)")
                              + f"; choose one of {', '.join(group_options(group))}")
     if args.device == "cuda":
         import torch
@@ -98,12 +122,27 @@ def advise(args: argparse.Namespace) -> int:
     if over == lengths.size:
         raise ValueError(f"every sample is longer than --max-tokens {args.max_tokens} (the shortest has "
                          f"{int(lengths.min())} tokens); raise --max-tokens")
-    config = compose_run_config([*target, f"drafter={args.drafter}", "trainer.nproc=1",
+    target_name = args.target or (f"(experiment {args.experiment})" if args.experiment else "tiny")
+    for override in args.overrides:
+        if not override.split("=", 1)[0].startswith(("target.", "drafter.", "trainer.")) or "=" not in override:
+            raise ValueError(f"--set {override}: give KEY=VALUE with a target., drafter. or trainer. key, e.g. "
+                             "--set drafter.num_hidden_layers=5")
+        problem = check_override(override)  # batchlab-train's own check: the setting exists, or a did-you-mean
+        if problem:
+            raise ValueError(f"--set {problem}")
+    config = compose_run_config([*experiment, *target, *drafter, "trainer.nproc=1",
                                  f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
-                                 f"trainer.precision={args.dtype}", "logger=none"])
+                                 f"trainer.precision={args.dtype}", "logger=none", *args.overrides])
+    if drafter_section is not None:
+        try:
+            run_config_from_dict(config)
+        except ValueError as error:
+            raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
+                             f"{target_name}: {error}") from None
     needed, free = target_bytes(config), available_bytes(args.device)
     if needed > free:
-        raise ValueError(f"--target {args.target} needs {needed / 2**30:,.1f} GiB for its weights alone at {args.dtype}, "
+        raise ValueError(f"--target {target_name} needs {needed / 2**30:,.1f} GiB for its weights alone at "
+                         f"{args.dtype}, "
                          f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
                          "holds it (or a smaller target config: the fit is per configuration)")
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
@@ -146,6 +185,7 @@ def advise(args: argparse.Namespace) -> int:
                f"{p.padding_pct:>8.1f}%{p.recurrence:>8.2f}{p.step_recurrence:>10.2f}{p.length_mix_excess:>9.3f}"
                f"{p.rank_imbalance:>8.2f}")
         print(row + (f"{_duration(p.seconds_to_budget):>13}" if args.tokens else ""))
+    _print_placements(predictions, args.world_size)
     print(paragraph)
     for note in notes:
         print(note)
@@ -175,6 +215,29 @@ def measured_evidence(sweep_dirs: list[str]) -> str:
     if any(t.tested for t in tests):
         return f"{where}: no difference between strategies survives Holm–Bonferroni; convergence does not separate them."
     return f"{where}: too few paired seeds to test a difference (3 or more are needed)."
+
+
+def _run_drafter(run_dir: Path) -> dict:
+    """The drafter section of a batchlab-train run's ``config.json``."""
+    try:
+        section = json.loads((run_dir / "config.json").read_text())["drafter"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"--drafter {run_dir}: its config.json is not a batchlab-train run's config (no drafter "
+                         "section); give the run directory itself, or a conf/drafter/ option") from None
+    return section
+
+
+def _print_placements(predictions: list, world_size: int) -> None:
+    """Colocated against every target/drafter split (tokens/s relative to colocated, target ranks busy)."""
+    labels = [row["split"] for row in (predictions[0].placement or {}).get("splits", [])] if predictions else []
+    if not labels:
+        return
+    print(f"placement on {world_size} ranks, target + drafter ranks (modelled on the stage fits, transfers left out; "
+          "× colocated, target ranks busy):")
+    print(f"{'strategy':<16}" + "".join(f"{label:>14}" for label in labels) + f"{'best':>11}")
+    for p in predictions:
+        cells = "".join(f"{r['vs_colocated']:>7.2f}× ({100 * r['target_busy']:>3.0f}%)" for r in p.placement["splits"])
+        print(f"{p.strategy:<16}{cells}{p.placement['best']:>11}")
 
 
 def _duration(seconds: float | None) -> str:

@@ -162,15 +162,22 @@ def placement_check(args: argparse.Namespace) -> None:
     from strategies import report_order
 
     strategies = args.strategies.split(",") if args.strategies else report_order()
-    target_ranks, drafter_ranks = (int(n) for n in args.split.split("+"))
+    try:
+        target_ranks, drafter_ranks = (int(n) for n in args.split.split("+"))
+    except ValueError:
+        raise SystemExit(f"--split {args.split}: give target ranks + drafter ranks, e.g. 1+1 or 2+1") from None
     world, layouts = target_ranks + drafter_ranks, placements(target_ranks, drafter_ranks)
+    if target_ranks < 1 or drafter_ranks < 1 or world % drafter_ranks:
+        raise SystemExit(f"--split {args.split}: the drafter ranks must divide the {world} ranks' global batch")
+    device = [f"trainer.device={args.device}"]
     started = time.time()
-    config_dict = compose(["logger=none", "trainer.progress=false"])
+    config_dict = compose(["logger=none", "trainer.progress=false", *device])
     config = run_config_from_dict(config_dict)
     samples = load_samples(config.data, progress=False)
     lengths = samples.lengths[select_rows(config, samples).train_rows].clip(max=config.trainer.max_tokens)
     with tempfile.TemporaryDirectory() as scratch:
-        calibration, _ = calibrate(config_dict, Path(scratch), progress=True, local_ranks=world)
+        calibration, _ = calibrate(config_dict, Path(scratch), progress=True,
+                                   local_ranks=world if args.device == "cpu" else 1)
     predicted = {p.strategy: next(r for r in p.placement["splits"] if r["split"] == args.split)
                  for p in predict(lengths, strategies, calibration, world_size=world,
                                   step_tokens=config.trainer.step_tokens,
@@ -182,7 +189,8 @@ def placement_check(args: argparse.Namespace) -> None:
         for round_index in range(args.rounds):
             order = [(s, p) for s in strategies for p in layouts]
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
-                overrides = [f"strategy={strategy}", *layouts[placement], "logger=none", "trainer.progress=false",
+                overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
+                             "trainer.progress=false",
                              f"trainer.stop_tokens={tokens}", f"trainer.eval_every_tokens={tokens}",
                              "trainer.eval_real_prompts=0"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{placement}-{round_index}")

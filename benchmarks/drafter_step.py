@@ -11,10 +11,12 @@ clipping and AdamW (fp32, one thread), on three shapes:
 
 Paths: ``sdpa`` (fused attention per chunk of a document's blocks, the CPU default), ``dense`` (the
 einsum reference that keeps every score for the backward) and ``speculators``: vLLM speculators' DFlash step
-(its ``sdpa`` attention, its own KL loss to the verifier's logits) on the same weights, tokens, features and
+(its ``sdpa`` attention on CPU, FlexAttention on CUDA; its own KL loss to the verifier's logits) on the same
+weights, tokens, features and
 anchors (``benchmarks/speculators_peer.py``; installed on first use into ``.speculators-site/``, never a
 batchlab dependency); its hidden states are checked against batchlab's before timing. Each (shape, path)
-runs in a fresh process (peak RSS is per process): setup, one warm-up step, then ``--steps`` timed steps;
+runs in a fresh process (peak RSS is per process): setup (every step's inputs built beforehand, as the
+trainer's DataLoader workers do), one warm-up step, then ``--steps`` timed steps;
 the step's memory is the peak RSS over the warm-up and the steps minus the RSS before them (the AdamW state
 included, the same for every path). Rounds alternate the paths; ratios are per round, the median reported.
 ``--device cuda``: the same on the GPU (paths flex, sdpa, dense; memory is the peak allocated by the steps).
@@ -128,25 +130,25 @@ def measure(shape_name: str, path: str, steps: int, seed: int, device_name: str 
                                    loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.max_blocks,
                                    seed=seed, epoch=draw).to(device)
 
+    # every step's inputs built before timing (the trainer collates in its DataLoader workers)
+    prepared = [inputs_for(draw) for draw in range(steps + 1)]
     agreement = None
     if path == PEER:
         from speculators_peer import PeerStep, build_peer
 
-        model = build_peer(drafter, embed, head, shape["taps"]).to(device)
-        peers = {}
+        model = build_peer(drafter, embed, head, shape["taps"], device).to(device)
+        concatenated = torch.cat(features, dim=-1)  # the peer's input layout, once
 
-        def loss_of(inputs: DrafterInputs, draw: int) -> torch.Tensor:
-            peers[draw] = peers.get(draw) or PeerStep(model, inputs, features, last_hidden, drafter.loss_decay_gamma)
-            return peers[draw].loss()
+        def loss_of(inputs: DrafterInputs) -> torch.Tensor:
+            return PeerStep(model, inputs, concatenated, last_hidden, drafter.loss_decay_gamma).loss()
 
         with torch.no_grad():  # the same blocks give the same hidden states (the losses differ by design)
-            inputs = inputs_for(0)
-            agreement = float((PeerStep(model, inputs, features, last_hidden, drafter.loss_decay_gamma).hidden()
-                               - drafter.forward_prepared(inputs, features)).abs().max())
+            agreement = float((PeerStep(model, prepared[0], concatenated, last_hidden, drafter.loss_decay_gamma)
+                               .hidden() - drafter.forward_prepared(prepared[0], features)).abs().max())
     else:
         model = drafter
 
-        def loss_of(inputs: DrafterInputs, draw: int) -> torch.Tensor:  # noqa: ARG001
+        def loss_of(inputs: DrafterInputs) -> torch.Tensor:
             result = drafter.prepared_loss(inputs, drafter.forward_prepared(inputs, features))
             return result.weighted_ce_sum / result.weight_sum.clamp(min=1e-9)
 
@@ -154,7 +156,7 @@ def measure(shape_name: str, path: str, steps: int, seed: int, device_name: str 
     optimizer = torch.optim.AdamW(parameters, lr=1e-4)
 
     def step(draw: int) -> None:
-        loss = loss_of(inputs_for(draw), draw)
+        loss = loss_of(prepared[draw])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -180,9 +182,9 @@ def measure(shape_name: str, path: str, steps: int, seed: int, device_name: str 
         peak = torch.cuda.max_memory_allocated(device) / 1024
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    blocks = inputs_for(1).layout.num_blocks
+    blocks = prepared[1].layout.num_blocks
     return {"shape": shape_name, "path": path, "tokens_per_second": tokens * steps / elapsed, "blocks": blocks,
-            "step_memory_mb": (peak - before) / 1024, "peak_rss_mb": peak / 1024, "documents": len(lengths),
+            "step_memory_mb": (peak - before) / 1024, "peak_mb": peak / 1024, "documents": len(lengths),
             "tokens": tokens, "max_abs_difference": agreement}
 
 
@@ -286,7 +288,7 @@ def main() -> None:
         "Step memory: the peak " + ("allocated GPU memory" if cuda else "RSS") + " over the warm-up and the "
         "timed steps minus " + ("what was allocated" if cuda else "the RSS") + " before them (what a "
         "step adds, AdamW's state included alike for every path). `speculators` is vLLM speculators' DFlash "
-        "step (`benchmarks/speculators_peer.py`: its `sdpa` attention with a dense boolean mask, its KL loss to "
+        "step (`benchmarks/speculators_peer.py`: on CPU its `sdpa` attention with a dense boolean mask; its KL loss to "
         "the verifier's logits) on the same weights, tokens, features and anchors; its last column is its "
         "hidden states against batchlab's on the same blocks. The `dense` path keeps every score of a "
         "document's slots × heads × context for the backward, per layer; `sdpa` keeps one additive mask of "

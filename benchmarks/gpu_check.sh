@@ -64,7 +64,7 @@ tail -4 "$out/throughput_cuda.md" | tee -a "$out/summary.txt"
 # The drafter's training step per attention path on the GPU (flex, the CUDA default, against sdpa and the
 # dense reference): tokens/s and peak allocated memory at the demo shape, 10 documents and one 8K document.
 step "drafter step per attention path (CUDA)"
-timeout "${limit:-240}" "$py" benchmarks/drafter_step.py --device cuda --rounds 2 --steps 3 \
+timeout "${limit:-300}" "$py" benchmarks/drafter_step.py --device cuda --rounds 2 --steps 3 \
   > "$out/drafter_step_cuda.md" 2>&1 || status=1
 grep -E "^\| (demo|large)" "$out/drafter_step_cuda.md" | tee -a "$out/summary.txt"
 # A short bf16 training run (fla kernels, flex drafter, 1 GPU): 200 optimizer steps of the default packed run.

@@ -4,8 +4,8 @@ For ``benchmarks/drafter_step.py``'s ``speculators`` path only: the public DFlas
 instead, measured side by side on the same inputs. It is never a batchlab dependency: :func:`ensure_site`
 installs ``speculators`` (and the few packages it imports that batchlab's venv lacks) with ``--no-deps`` into
 ``.speculators-site/``, and only the benchmark's child process puts that folder on its path. The peer runs
-with its ``sdpa`` attention (its FlexAttention path has no backward on CPU: "FlexAttention does not support
-backward on CPU"); its loss is its own (KL to the verifier's logits over every anchored block, decayed per
+with its ``sdpa`` attention on CPU (its FlexAttention path has no backward there: "FlexAttention does not
+support backward on CPU") and its default FlexAttention on CUDA; its loss is its own (KL to the verifier's logits over every anchored block, decayed per
 slot; the eager implementation on CPU, its fused Triton kernel on CUDA); its anchors are batchlab's
 (``select_anchors`` is replaced by the anchors batchlab drew).
 """
@@ -33,9 +33,9 @@ def ensure_site() -> Path:
     return SITE
 
 
-def build_peer(drafter: Any, embed: Any, head: Any, taps: int) -> Any:
+def build_peer(drafter: Any, embed: Any, head: Any, taps: int, device: Any = "cpu") -> Any:
     """speculators' ``DFlashDraftModel`` holding ``drafter``'s weights, the target's embeddings and LM head (as
-    ``lm_head`` and ``verifier_lm_head``), with its ``sdpa`` attention."""
+    ``lm_head`` and ``verifier_lm_head``): its ``sdpa`` attention on CPU, its default FlexAttention on CUDA."""
     import torch
     from speculators.config import SpeculatorsConfig, VerifierConfig
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
@@ -49,7 +49,8 @@ def build_peer(drafter: Any, embed: Any, head: Any, taps: int) -> Any:
         num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, hidden_act=config.hidden_act,
         rms_norm_eps=config.rms_norm_eps, max_position_embeddings=config.max_position_embeddings,
         attention_bias=config.attention_bias, rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta})
-    layer_config._attn_implementation = "sdpa"  # noqa: SLF001 - how speculators selects it
+    cuda = str(device).startswith("cuda")
+    layer_config._attn_implementation = "simple_flex_attention" if cuda else "sdpa"  # noqa: SLF001 - its switch
     peer_config = DFlashSpeculatorConfig(
         transformer_layer_config=layer_config, draft_vocab_size=embed.num_embeddings, block_size=config.block_size,
         aux_hidden_state_layer_ids=list(range(taps)), mask_token_id=int(drafter.mask_token_id),
@@ -74,7 +75,8 @@ def build_peer(drafter: Any, embed: Any, head: Any, taps: int) -> Any:
 class PeerStep:
     """One training step of ``peer`` on batchlab's micro-batch: the same tokens, features and anchors."""
 
-    def __init__(self, peer: Any, inputs: Any, features: list[Any], last_hidden: Any, gamma: float) -> None:
+    def __init__(self, peer: Any, inputs: Any, features: Any, last_hidden: Any, gamma: float) -> None:
+        """``features``: the tapped layers side by side, ``[1, tokens, taps * hidden]``."""
         import torch
         import speculators.models.dflash.core as core
 
@@ -86,10 +88,10 @@ class PeerStep:
         from speculators.losses import resolve_loss_config
 
         # its default loss, KL to the verifier's logits; the fused kernel needs Triton (CUDA), eager elsewhere
-        fused = features[0].device.type == "cuda"
+        fused = features.device.type == "cuda"
         self.loss_config = resolve_loss_config("kl_div", "fused" if fused else "eager")
         self.kwargs = {
-            "hidden_states": torch.cat(features, dim=-1),
+            "hidden_states": features,
             "input_ids": documents.token_ids[None],
             "loss_mask": documents.loss_mask[None].to(torch.long),
             "verifier_last_hidden_states": last_hidden,

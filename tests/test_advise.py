@@ -151,6 +151,9 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--experiment", "nope"], "--experiment nope: no conf/experiment/nope.yaml"),
     (["--set", "optim.lr=1"], "--set optim.lr=1: give KEY=VALUE with a target., drafter. or trainer. key"),
     (["--set", "drafter.num_hidden_layer=5"], "drafter.num_hidden_layer"),
+    (["--set", "drafter.num_hidden_layers=five"], "--set drafter.num_hidden_layers=five: "),  # Hydra's own error
+    (["--set", "trainer.max_tokens=4096"], "trainer.max_tokens is this command's --max-tokens; use that option"),
+    (["--experiment", "reference_8gpu", "--target", "tiny"], "sets its own target and drafter; change them with --set"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "available_bytes", lambda device: 16 * 2**30)  # the 27B target never fits, anywhere
@@ -330,22 +333,33 @@ def test_a_runs_own_drafter_is_calibrated(tmp_path, monkeypatch, capsys):
     seen = {}
 
     def fake_calibrate(config, *args, **kwargs):
-        seen["drafter"] = config["drafter"]
+        seen["drafter"], seen["target"] = config["drafter"], config["target"]
         return stored_calibration(block_size=10, num_anchors=16), False
 
     monkeypatch.setattr(cal, "calibrate", fake_calibrate)
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(["100", "300", "700"] * 20))
     base = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path), "--world-size", "2"]
-    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 0
+    assert advise_cli.main([*base, "--drafter", str(run_dir), "--target", "tiny"]) == 0
     assert seen["drafter"] == drafter
     out = capsys.readouterr().out
     assert "placement on 2 ranks, target + drafter ranks" in out and "1+1" in out
-    (run_dir / "config.json").write_text(json.dumps({"drafter": {**drafter, "block_size": 4}}))
+    # without --target: the target the run trained against (its checkpoint), or a one-line refusal
     assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 2
+    assert "the run's config names no target checkpoint (target.pretrained)" in capsys.readouterr().err
+    checkpoint = tmp_path / "target-checkpoint"
+    checkpoint.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"drafter": {**drafter, "a_key_of_another_version": 1},
+                                                     "target": {"pretrained": str(checkpoint)}}))
+    monkeypatch.setattr(cal, "target_bytes", lambda config: 1)
+    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 0
+    assert seen["target"]["pretrained"] == str(checkpoint) and seen["drafter"] == drafter
+    capsys.readouterr()
+    (run_dir / "config.json").write_text(json.dumps({"drafter": {**drafter, "block_size": 4}}))
+    assert advise_cli.main([*base, "--drafter", str(run_dir), "--target", "tiny"]) == 2
     assert "its drafter config does not build with --target tiny: loss_decay_gamma" in capsys.readouterr().err
     (run_dir / "config.json").write_text(json.dumps({"seed": 0}))
-    assert advise_cli.main([*base, "--drafter", str(run_dir)]) == 2
+    assert advise_cli.main([*base, "--drafter", str(run_dir), "--target", "tiny"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is not a batchlab-train run's config (no drafter section)" in err
     assert advise_cli.main([*base, "--drafter", str(tmp_path / "lengths.txt")]) == 2
@@ -377,3 +391,29 @@ def test_an_experiments_shape_is_calibrated_colocated_and_its_splits_modelled(tm
     result = json.loads(capsys.readouterr().out)
     assert [r["split"] for r in result["predictions"][0]["placement"]["splits"]] == ["4+4", "6+2", "7+1"]
     assert "Placement:" in result["recommendation"]
+
+
+def test_blocks_are_counted_as_the_drafter_runs_them_capped_a_micro_batch():
+    """With the drafter's max_blocks, a micro-batch's c term counts at most that many blocks (the collate keeps
+    no more), in the calibration's design and in every prediction."""
+    import dataclasses
+
+    from strategies import Budget, build_strategy
+
+    shape = cal.Shape("packed", (512,) * 4)
+    assert shape.terms(8, 64, 2048)[2] == 4 * 64 and shape.terms(8, 64, 2048, max_blocks=100)[2] == 100
+    capped = dataclasses.replace(stored_calibration(), max_blocks=100)
+    lengths = np.random.default_rng(7).integers(200, 1000, 300)
+    plan = build_strategy("packed").plan(lengths, Budget(1024), seed=0, epoch=0, world_size=1, grad_accum=1,
+                                         oversize="drop")
+    total = 0.0
+    for step in range(plan.num_steps):
+        docs = plan.lengths[plan.micro_batch(step, 0, 0)].astype(float)
+        if docs.size:
+            blocks = min(np.clip(docs - 7, 0, 64).sum(), 100)
+            total += TRUE[0] * 1024 + TRUE[1] * (docs ** 2).sum() + TRUE[2] * blocks + TRUE[3]
+        total += 0.01
+    assert plan_seconds(plan, capped).sum() == pytest.approx(total, rel=1e-9)
+    assert plan_seconds(plan, capped).sum() < plan_seconds(plan, stored_calibration()).sum()
+    target, drafter = capped.stage_costs()
+    assert drafter.max_blocks == 100 and target.max_blocks == 100

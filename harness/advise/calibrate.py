@@ -49,10 +49,14 @@ class Shape:
     layout: str
     lengths: tuple[int, ...]
 
-    def terms(self, block_size: int, num_anchors: int, max_tokens: int) -> tuple[float, float, float]:
-        """``(slots, Σlen², blocks)`` as :class:`strategies.CostModel` counts them."""
+    def terms(self, block_size: int, num_anchors: int, max_tokens: int,
+              max_blocks: int | None = None) -> tuple[float, float, float]:
+        """``(slots, Σlen², blocks)`` as :class:`strategies.CostModel` counts them, blocks capped at the drafter's
+        ``max_blocks`` a micro-batch (what it runs)."""
         lengths = np.asarray(self.lengths, dtype=np.float64)
         blocks = float(drafter_blocks(np.asarray(self.lengths), block_size, num_anchors).sum())
+        if max_blocks is not None:
+            blocks = min(blocks, float(max_blocks))
         if self.layout == "packed":
             return float(max_tokens), float((lengths ** 2).sum()), blocks
         longest = float(lengths.max())
@@ -95,13 +99,21 @@ class Calibration:
     shapes: list  # [{"layout", "lengths", "measured_s", "fitted_s", "error", "target_s", "drafter_s"}]
     target_stage: list  # [a, b, c, m] of the target's forward alone
     drafter_stage: list  # [a, b, c, m] of the drafter's forward and backward alone
+    max_blocks: int | None = None  # the drafter's cap on blocks a micro-batch (the c term counts capped blocks)
 
     def stage_costs(self) -> tuple[Any, Any]:
         """``(target, drafter)`` :class:`~harness.advise.stages.StageCost` of the stage fits (seconds)."""
+        return self._stage(self.target_stage), self._stage(self.drafter_stage)
+
+    def micro_batch_cost(self) -> Any:
+        """The whole micro-batch's fit (``a, b, c, m``) as a :class:`~harness.advise.stages.StageCost`."""
+        return self._stage([self.a, self.b, self.c, self.micro_batch_s])
+
+    def _stage(self, coefficients: list) -> Any:
         from harness.advise.stages import StageCost
 
-        return (StageCost(*self.target_stage, block_size=self.block_size, num_anchors=self.num_anchors),
-                StageCost(*self.drafter_stage, block_size=self.block_size, num_anchors=self.num_anchors))
+        return StageCost(*coefficients, block_size=self.block_size, num_anchors=self.num_anchors,
+                         max_blocks=self.max_blocks)
 
     def micro_batch_seconds(self, slots: np.ndarray, quad: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         return self.a * slots + self.b * quad + self.c * blocks + self.micro_batch_s * (slots > 0)
@@ -121,7 +133,7 @@ class Calibration:
 
     @classmethod
     def from_json(cls, values: dict) -> Calibration:
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
 
 
 def fit(terms: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -198,6 +210,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
         return Calibration.from_json(json.loads(final.read_text())), False
     directory.mkdir(parents=True, exist_ok=True)
     block_size, num_anchors = int(drafter["block_size"]), int(drafter["num_anchors"])
+    max_blocks = None if drafter.get("max_blocks") is None else int(drafter["max_blocks"])
     shapes = design(int(trainer["max_tokens"]), block_size)
     done = json.loads(partial.read_text()) if partial.is_file() else {"shapes": {}, "step_s": None}
     todo = [shape for shape in shapes if _name(shape) not in done["shapes"]]  # the rest after an interruption
@@ -224,7 +237,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
             done["step_s"] = step_s if done["step_s"] is None else min(done["step_s"], step_s)
         _write_atomic(partial, done)
     max_tokens = int(trainer["max_tokens"])
-    terms = np.array([[*shape.terms(block_size, num_anchors, max_tokens), 1.0] for shape in shapes])
+    terms = np.array([[*shape.terms(block_size, num_anchors, max_tokens, max_blocks), 1.0] for shape in shapes])
     seconds = {part: np.array([done["shapes"][_name(s)][part] for s in shapes])
                for part in ("total", "target", "drafter")}
     a, b, c, m = fit(terms, seconds["total"])
@@ -234,7 +247,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
             for s, t, f, u, d in zip(shapes, seconds["total"], fitted, seconds["target"], seconds["drafter"])]
     stages = [[float(x) for x in fit(terms, np.maximum(seconds[part], 1e-9))] for part in ("target", "drafter")]
     calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
-                              max_tokens, key, machine, rows, *stages)
+                              max_tokens, key, machine, rows, *stages, max_blocks)
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
     return calibration, True

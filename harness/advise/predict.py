@@ -19,6 +19,11 @@ import numpy as np
 from harness.advise.calibrate import Calibration
 
 
+#: a split is recommended only this far above colocated: the stage-time model is an upper bound (perfect overlap,
+#: no transfers), and measured splits fell well short of it (``benchmarks/advise_accuracy.py --placement``)
+SPLIT_MARGIN = 1.10
+
+
 @dataclass(frozen=True)
 class Prediction:
     strategy: str
@@ -44,11 +49,8 @@ def plan_seconds(plan: Any, calibration: Calibration) -> np.ndarray:
     """``[steps]``: the predicted time of every optimizer step of ``plan`` (its slowest rank, plus the step)."""
     from strategies.balance import rank_costs
 
-    model = calibration.cost_model()
-    costs = model.micro_batch_costs(plan.lengths, plan.sample_indices, plan.micro_batch_offsets, plan.layout,
-                                    plan.budget.max_tokens)
-    fixed = calibration.micro_batch_s * (plan.micro_batch_sizes() > 0)
-    per_rank = rank_costs((costs + fixed).reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
+    costs = calibration.micro_batch_cost().micro_batch(plan)  # blocks capped at the drafter's max_blocks
+    per_rank = rank_costs(costs.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
     return per_rank.max(axis=1) + calibration.step_s
 
 
@@ -99,7 +101,7 @@ def placement(plan: Any, make_plan: Any, calibration: Calibration) -> dict | Non
             for s in splits(make_plan, plan.world_size, plan.grad_accum, target, drafter, calibration.step_s)]
     best = max(rows, key=lambda r: r["tokens_per_second"], default=None)
     return {"colocated_tokens_per_second": rate, "splits": rows,
-            "best": best["split"] if best and best["vs_colocated"] > 1.0 else "colocated"}
+            "best": best["split"] if best and best["vs_colocated"] >= SPLIT_MARGIN else "colocated"}
 
 
 def recommendation(predictions: list[Prediction], max_recurrence: float = 0.1) -> str:
@@ -137,4 +139,5 @@ def placement_sentence(prediction: Prediction) -> str:
         return (f" Placement: {top['target_ranks']} target + {top['drafter_ranks']} drafter ranks would run "
                 f"{prediction.strategy} at {top['vs_colocated']:.2f}× colocated ({balance}.")
     return (f" Placement: keep target and drafter colocated; the best split, {top['target_ranks']} target + "
-            f"{top['drafter_ranks']} drafter ranks, would run at {top['vs_colocated']:.2f}× ({balance}.")
+            f"{top['drafter_ranks']} drafter ranks, would run at {top['vs_colocated']:.2f}×, under the "
+            f"{SPLIT_MARGIN:.2f}× a split must promise ({balance}.")

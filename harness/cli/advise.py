@@ -4,6 +4,8 @@
     batchlab-advise --profile chat-902k --max-tokens 16384 --world-size 8 --json
     batchlab-advise --lengths data.jsonl --max-tokens 2048 --target tiny --drafter tiny --report-dir advice/
     batchlab-advise --lengths data.jsonl --max-tokens 2048 --drafter multirun/strategies/strategy=packed,seed=0
+    batchlab-advise --experiment reference_8gpu --set target.num_hidden_layers=4 --device cuda --dtype bf16 \
+        --profile chat-902k --max-tokens 16384 --world-size 8
 
 1. Calibrates the step-cost model on this machine (:mod:`harness.advise.calibrate`: the run's own target
    forward and drafter step timed on a design of shapes, cached per machine, device, dtype, budget and
@@ -29,6 +31,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+
+
+#: trainer settings this command sets from its own options
+OWN_OPTIONS = {"trainer.max_tokens": "--max-tokens", "trainer.device": "--device", "trainer.precision": "--dtype",
+               "trainer.nproc": "--world-size"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +96,9 @@ def advise(args: argparse.Namespace) -> int:
     if args.experiment is not None and args.experiment not in group_options("experiment"):
         raise ValueError(f"--experiment {args.experiment}: no conf/experiment/{args.experiment}.yaml; choose one of "
                          f"{', '.join(group_options('experiment'))}")
+    if args.experiment is not None and (args.target is not None or args.drafter is not None):
+        raise ValueError(f"--experiment {args.experiment} sets its own target and drafter; change them with --set "
+                         "(e.g. --set target.num_hidden_layers=4) instead of --target/--drafter")
     # an experiment's settings, each rank with both stages (the placements are modelled from the calibration)
     experiment = [f"experiment={args.experiment}", "topology=colocated"] if args.experiment else []
     target = [] if args.target is None else [f"target={args.target}"]
@@ -97,10 +107,15 @@ def advise(args: argparse.Namespace) -> int:
     drafter, drafter_section = ([] if args.drafter is None else [f"drafter={args.drafter}"]), None
     if args.drafter is not None and args.drafter not in group_options("drafter") and (
             Path(args.drafter) / "config.json").is_file():
-        drafter_section = _run_drafter(Path(args.drafter))  # a run's own drafter, as overrides (--set wins)
+        drafter_section, run_target = _run_drafter(Path(args.drafter))  # a run's own drafter (--set wins)
         chosen = {override.split("=", 1)[0] for override in args.overrides}
         drafter = ["drafter=tiny", *(f"drafter.{key}={json.dumps(value)}" for key, value in drafter_section.items()
                                      if f"drafter.{key}" not in chosen)]
+        if args.target is None:  # the drafter's width and vocabulary are its target's: the run's own target
+            if not run_target:
+                raise ValueError(f"--drafter {args.drafter}: the run's config names no target checkpoint "
+                                 "(target.pretrained); give the target it trained against with --target")
+            target = ["target=tiny", f"target.pretrained={run_target}"]
     for group, option, other in (("target", args.target, args.target is not None and Path(args.target).is_dir()),
                                  ("drafter", args.drafter, drafter_section is not None)):
         if option is not None and option not in group_options(group) and not other:
@@ -124,15 +139,24 @@ def advise(args: argparse.Namespace) -> int:
                          f"{int(lengths.min())} tokens); raise --max-tokens")
     target_name = args.target or (f"(experiment {args.experiment})" if args.experiment else "tiny")
     for override in args.overrides:
-        if not override.split("=", 1)[0].startswith(("target.", "drafter.", "trainer.")) or "=" not in override:
+        key = override.split("=", 1)[0]
+        if not key.startswith(("target.", "drafter.", "trainer.")) or "=" not in override:
             raise ValueError(f"--set {override}: give KEY=VALUE with a target., drafter. or trainer. key, e.g. "
                              "--set drafter.num_hidden_layers=5")
+        if key in OWN_OPTIONS:
+            raise ValueError(f"--set {override}: {key} is this command's {OWN_OPTIONS[key]}; use that option")
         problem = check_override(override)  # batchlab-train's own check: the setting exists, or a did-you-mean
         if problem:
             raise ValueError(f"--set {problem}")
-    config = compose_run_config([*experiment, *target, *drafter, "trainer.nproc=1",
-                                 f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
-                                 f"trainer.precision={args.dtype}", "logger=none", *args.overrides])
+    from hydra.errors import HydraException
+
+    try:
+        config = compose_run_config([*experiment, *target, *drafter, "trainer.nproc=1",
+                                     f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
+                                     f"trainer.precision={args.dtype}", "logger=none", *args.overrides])
+    except HydraException as error:  # a value Hydra cannot parse or type (--set, or a run's drafter)
+        given = " ".join(f"--set {o}" for o in args.overrides) if args.overrides else f"--drafter {args.drafter}"
+        raise ValueError(f"{given}: {' '.join(str(error).split())}") from None
     if drafter_section is not None:
         try:
             run_config_from_dict(config)
@@ -217,14 +241,23 @@ def measured_evidence(sweep_dirs: list[str]) -> str:
     return f"{where}: too few paired seeds to test a difference (3 or more are needed)."
 
 
-def _run_drafter(run_dir: Path) -> dict:
-    """The drafter section of a batchlab-train run's ``config.json``."""
+def _run_drafter(run_dir: Path) -> tuple[dict, str | None]:
+    """The drafter section of a batchlab-train run's ``config.json`` (the keys this version knows), and the
+    target checkpoint it trained against when that directory exists."""
+    import dataclasses
+
+    from harness.train.config import DrafterSchema
+
     try:
-        section = json.loads((run_dir / "config.json").read_text())["drafter"]
+        config = json.loads((run_dir / "config.json").read_text())
+        section = config["drafter"]
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"--drafter {run_dir}: its config.json is not a batchlab-train run's config (no drafter "
                          "section); give the run directory itself, or a conf/drafter/ option") from None
-    return section
+    known = {f.name for f in dataclasses.fields(DrafterSchema)}
+    pretrained = (config.get("target") or {}).get("pretrained")
+    return ({k: v for k, v in section.items() if k in known},
+            str(pretrained) if pretrained and Path(str(pretrained)).is_dir() else None)
 
 
 def _print_placements(predictions: list, world_size: int) -> None:
@@ -232,9 +265,9 @@ def _print_placements(predictions: list, world_size: int) -> None:
     labels = [row["split"] for row in (predictions[0].placement or {}).get("splits", [])] if predictions else []
     if not labels:
         return
-    print(f"placement on {world_size} ranks, target + drafter ranks (modelled on the stage fits, transfers left out; "
-          "× colocated, target ranks busy):")
-    print(f"{'strategy':<16}" + "".join(f"{label:>14}" for label in labels) + f"{'best':>11}")
+    print(f"placement on {world_size} ranks, target + drafter ranks (× colocated, target ranks busy; modelled on the "
+          "stage fits, an upper bound: perfect overlap, transfers left out):")
+    print(f"{'strategy':<16}" + "".join(f"{label:>15}" for label in labels) + f"{'best':>11}")
     for p in predictions:
         cells = "".join(f"{r['vs_colocated']:>7.2f}× ({100 * r['target_busy']:>3.0f}%)" for r in p.placement["splits"])
         print(f"{p.strategy:<16}{cells}{p.placement['best']:>11}")

@@ -65,27 +65,16 @@ def main() -> None:
     if args.placement:
         return placement_check(args)
 
-    from harness.advise.calibrate import calibrate
     from harness.advise.predict import predict
-    from harness.data.config import DataConfig
-    from harness.data.samples import load_samples
     from harness.train.config import compose_run_config as compose
-    from harness.train.config import run_config_from_dict
-    from harness.train.epoch_data import select_rows
     from harness.train.run import run
     from strategies import report_order
 
     strategies = args.strategies.split(",") if args.strategies else report_order()
     started = time.time()
     device = [f"trainer.device={args.device}"]
-    config_dict = compose(["logger=none", "trainer.progress=false", *device])
-    config = run_config_from_dict(config_dict)
-    samples = load_samples(config.data, progress=False)
-    selection = select_rows(config, samples)
-    lengths = samples.lengths[selection.train_rows].clip(max=config.trainer.max_tokens)
-    with tempfile.TemporaryDirectory() as scratch:
-        calibration, _ = calibrate(config_dict, Path(scratch), progress=True, local_ranks=args.nproc)
-    calibrated = time.time() - started
+    config, lengths, calibration = calibrated(device, local_ranks=args.nproc)
+    calibrated_s = time.time() - started
     predicted = {p.strategy: p for p in predict(lengths, strategies, calibration, world_size=args.nproc,
                                                 grad_accum=config.trainer.grad_accum,
                                                 step_tokens=config.trainer.step_tokens, seed=config.seed)}
@@ -119,7 +108,7 @@ def main() -> None:
         f"{TITLE if args.device == 'cpu' else CUDA_TITLE}\n\n"
         f"Command: `python benchmarks/advise_accuracy.py --write` (tokens={args.tokens}, nproc={args.nproc}, "
         f"rounds={args.rounds}, device={args.device}). Machine: {machine(args.device)}. Date: "
-        f"{datetime.date.today().isoformat()}. Calibration {calibrated:.0f} s (worst fit error "
+        f"{datetime.date.today().isoformat()}. Calibration {calibrated_s:.0f} s (worst fit error "
         f"{100 * calibration.worst_error():.0f}% over {len(calibration.shapes)} shapes: a={calibration.a:.3g} s/slot, "
         f"b={calibration.b:.3g} s/len², c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.1f} ms a "
         f"micro-batch, {1e3 * calibration.step_s:.1f} ms a step, each rank with its share of the cores); "
@@ -142,6 +131,23 @@ def main() -> None:
         write_section(section, TITLE if args.device == "cpu" else CUDA_TITLE)
 
 
+def calibrated(device: list[str], local_ranks: int) -> tuple:
+    """``(config, lengths, calibration)``: the default run's config on ``device``, its own training lengths (as
+    a run selects and clips them) and a fresh calibration measured by ``local_ranks`` concurrent ranks."""
+    from harness.advise.calibrate import calibrate
+    from harness.data.samples import load_samples
+    from harness.train.config import compose_run_config, run_config_from_dict
+    from harness.train.epoch_data import select_rows
+
+    config_dict = compose_run_config(["logger=none", "trainer.progress=false", *device])
+    config = run_config_from_dict(config_dict)
+    samples = load_samples(config.data, progress=False)
+    lengths = samples.lengths[select_rows(config, samples).train_rows].clip(max=config.trainer.max_tokens)
+    with tempfile.TemporaryDirectory() as scratch:  # measured now, never from the cache
+        calibration, _ = calibrate(config_dict, Path(scratch), progress=True, local_ranks=local_ranks)
+    return config, lengths, calibration
+
+
 def machine(device: str) -> str:
     if device == "cuda":
         import torch
@@ -152,12 +158,8 @@ def machine(device: str) -> str:
 
 def placement_check(args: argparse.Namespace) -> None:
     """Predicted and measured ``--split`` against colocated, per strategy (module docstring)."""
-    from harness.advise.calibrate import calibrate
     from harness.advise.predict import predict
-    from harness.data.samples import load_samples
     from harness.train.config import compose_run_config as compose
-    from harness.train.config import run_config_from_dict
-    from harness.train.epoch_data import select_rows
     from harness.train.run import run
     from strategies import report_order
 
@@ -171,13 +173,7 @@ def placement_check(args: argparse.Namespace) -> None:
         raise SystemExit(f"--split {args.split}: the drafter ranks must divide the {world} ranks' global batch")
     device = [f"trainer.device={args.device}"]
     started = time.time()
-    config_dict = compose(["logger=none", "trainer.progress=false", *device])
-    config = run_config_from_dict(config_dict)
-    samples = load_samples(config.data, progress=False)
-    lengths = samples.lengths[select_rows(config, samples).train_rows].clip(max=config.trainer.max_tokens)
-    with tempfile.TemporaryDirectory() as scratch:
-        calibration, _ = calibrate(config_dict, Path(scratch), progress=True,
-                                   local_ranks=world if args.device == "cpu" else 1)
+    config, lengths, calibration = calibrated(device, local_ranks=world if args.device == "cpu" else 1)
     predicted = {p.strategy: next(r for r in p.placement["splits"] if r["split"] == args.split)
                  for p in predict(lengths, strategies, calibration, world_size=world,
                                   step_tokens=config.trainer.step_tokens,

@@ -115,9 +115,6 @@ class Calibration:
         return StageCost(*coefficients, block_size=self.block_size, num_anchors=self.num_anchors,
                          max_blocks=self.max_blocks)
 
-    def micro_batch_seconds(self, slots: np.ndarray, quad: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        return self.a * slots + self.b * quad + self.c * blocks + self.micro_batch_s * (slots > 0)
-
     def cost_model(self) -> Any:
         """The fit as a :class:`strategies.CostModel` (seconds; the fixed terms are :attr:`micro_batch_s`,
         :attr:`step_s`)."""

@@ -38,12 +38,12 @@ class Terms:
 
     @classmethod
     def of(cls, plan: Any, block_size: int, num_anchors: int) -> Terms:
-        args = (plan.lengths, plan.sample_indices, plan.micro_batch_offsets, plan.layout, plan.budget.max_tokens)
-        unit = dict(block_size=block_size, num_anchors=num_anchors)
-        slots = CostModel(a=1.0, b=0.0, c=0.0, **unit)
-        return cls(slots=slots.micro_batch_costs(*args),
-                   quad=CostModel(a=0.0, b=1.0, c=0.0, **unit).micro_batch_costs(*args),
-                   blocks=slots.micro_batch_blocks(plan.lengths, plan.sample_indices, plan.micro_batch_offsets),
+        # CostModel's own Σlen² (its b term alone) and block estimate, the plan's own computed slots
+        quad = CostModel(a=0.0, b=1.0, c=0.0, block_size=block_size, num_anchors=num_anchors)
+        return cls(slots=plan.micro_batch_slots().astype(np.float64),
+                   quad=quad.micro_batch_costs(plan.lengths, plan.sample_indices, plan.micro_batch_offsets,
+                                               plan.layout, plan.budget.max_tokens),
+                   blocks=quad.micro_batch_blocks(plan.lengths, plan.sample_indices, plan.micro_batch_offsets),
                    nonempty=plan.micro_batch_sizes() > 0)
 
 
@@ -61,14 +61,18 @@ class StageCost:
 
     def micro_batch(self, plan: Any) -> np.ndarray:
         """``[steps · world_size · grad_accum]``: the cost of every micro-batch slot of ``plan``."""
-        terms = Terms.of(plan, self.block_size, self.num_anchors)
+        return self.seconds(Terms.of(plan, self.block_size, self.num_anchors))
+
+    def seconds(self, terms: Terms) -> np.ndarray:
+        """The cost of every micro-batch slot of ``terms`` (computed once for both stages of a plan)."""
         blocks = terms.blocks if self.max_blocks is None else np.minimum(terms.blocks, self.max_blocks)
-        return (self.a * terms.slots + self.b * terms.quad + self.c * blocks) * terms.nonempty + self.m * terms.nonempty
+        return (self.a * terms.slots + self.b * terms.quad + self.c * blocks + self.m) * terms.nonempty
 
 
 def colocated_seconds(plan: Any, target: StageCost, drafter: StageCost, step_s: float = 0.0) -> float:
     """The epoch of ``plan`` with every rank running both stages: each step's slowest rank plus the step."""
-    per_slot = (target.micro_batch(plan) + drafter.micro_batch(plan)).reshape(plan.num_steps, -1)
+    terms = Terms.of(plan, drafter.block_size, drafter.num_anchors)
+    per_slot = (target.seconds(terms) + drafter.seconds(terms)).reshape(plan.num_steps, -1)
     return float((rank_costs(per_slot, plan.world_size, plan.grad_accum).max(axis=1) + step_s).sum())
 
 
@@ -96,8 +100,9 @@ class Split:
 def split_seconds(drafter_plan: Any, target: StageCost, drafter: StageCost, target_ranks: int,
                   step_s: float = 0.0) -> Split:
     """The epoch of ``drafter_plan`` (planned for the drafter ranks) with ``target_ranks`` target ranks feeding it."""
-    target_time = float(target.micro_batch(drafter_plan).sum()) / target_ranks
-    per_slot = drafter.micro_batch(drafter_plan).reshape(drafter_plan.num_steps, -1)
+    terms = Terms.of(drafter_plan, drafter.block_size, drafter.num_anchors)
+    target_time = float(target.seconds(terms).sum()) / target_ranks
+    per_slot = drafter.seconds(terms).reshape(drafter_plan.num_steps, -1)
     drafter_time = float((rank_costs(per_slot, drafter_plan.world_size, drafter_plan.grad_accum).max(axis=1)
                           + step_s).sum())
     epoch = max(target_time, drafter_time)

@@ -60,6 +60,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--placement", action="store_true", help="check a target+drafter split against colocated")
     parser.add_argument("--split", default="1+1", help="--placement: target ranks + drafter ranks (default 1+1)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a batchlab-train override for the calibration and every run (repeatable), e.g. "
+                             "data.source=DIR target.pretrained=DIR on a machine that should build neither")
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
     if args.placement:
@@ -72,7 +75,7 @@ def main() -> None:
 
     strategies = args.strategies.split(",") if args.strategies else report_order()
     started = time.time()
-    device = [f"trainer.device={args.device}"]
+    device = [f"trainer.device={args.device}", *args.set]
     config, lengths, calibration = calibrated(device, local_ranks=args.nproc)
     calibrated_s = time.time() - started
     predicted = {p.strategy: p for p in predict(lengths, strategies, calibration, world_size=args.nproc,
@@ -107,7 +110,7 @@ def main() -> None:
     section = (
         f"{TITLE if args.device == 'cpu' else CUDA_TITLE}\n\n"
         f"Command: `python benchmarks/advise_accuracy.py --write` (tokens={args.tokens}, nproc={args.nproc}, "
-        f"rounds={args.rounds}, device={args.device}). Machine: {machine(args.device)}. Date: "
+        f"rounds={args.rounds}, device={args.device}{''.join(f', --set {kv}' for kv in args.set)}). Machine: {machine(args.device)}. Date: "
         f"{datetime.date.today().isoformat()}. Calibration {calibrated_s:.0f} s (worst fit error "
         f"{100 * calibration.worst_error():.0f}% over {len(calibration.shapes)} shapes: a={calibration.a:.3g} s/slot, "
         f"b={calibration.b:.3g} s/len², c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.1f} ms a "
@@ -171,7 +174,7 @@ def placement_check(args: argparse.Namespace) -> None:
     world, layouts = target_ranks + drafter_ranks, placements(target_ranks, drafter_ranks)
     if target_ranks < 1 or drafter_ranks < 1 or world % drafter_ranks:
         raise SystemExit(f"--split {args.split}: the drafter ranks must divide the {world} ranks' global batch")
-    device = [f"trainer.device={args.device}"]
+    device = [f"trainer.device={args.device}", *args.set]
     started = time.time()
     config, lengths, calibration = calibrated(device, local_ranks=world if args.device == "cpu" else 1)
     predicted = {p.strategy: next(r for r in p.placement["splits"] if r["split"] == args.split)

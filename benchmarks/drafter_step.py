@@ -225,13 +225,19 @@ def main() -> None:
     reference = "flex" if cuda else "sdpa"  # each device's default path
     skip = {tuple(pair.split(":")) for pair in args.skip.split(",") if pair}
     results: dict[tuple[str, str], list[dict]] = {}
+    failed: dict[tuple[str, str], str] = {}
     for round_index in range(args.rounds):
         for shape in shapes:
             order = paths if round_index % 2 == 0 else paths[::-1]
             for path in order:
-                if (shape, path) in skip:
+                if (shape, path) in skip or (shape, path) in failed:  # a failure is not retried
                     continue
-                result = run_in_process(shape, path, args.steps, seed=0, device=args.device)
+                try:
+                    result = run_in_process(shape, path, args.steps, seed=0, device=args.device)
+                except RuntimeError as error:  # one (shape, path) failing (out of memory, say) leaves the others
+                    failed.setdefault((shape, path), str(error).splitlines()[-1][:300])
+                    print(f"round {round_index + 1} {shape:9s} {path:6s} failed: {failed[(shape, path)]}", flush=True)
+                    continue
                 results.setdefault((shape, path), []).append(result)
                 print(f"round {round_index + 1} {shape:9s} {path:6s} {result['tokens_per_second']:9.0f} tok/s "
                       f"step memory {result['step_memory_mb']:8.0f} MB", flush=True)
@@ -273,6 +279,7 @@ def main() -> None:
                      + f" — {'PASS' if met else 'FAIL'}")
     command = " ".join(["python benchmarks/drafter_step.py", *sys.argv[1:]])
     skipped = "" if not skip else f" Not run: {', '.join(f'{s} on {p}' for s, p in sorted(skip))}."
+    skipped += "".join(f" Failed: {s} on {p} ({why})." for (s, p), why in sorted(failed.items()))
     if cuda:
         import torch
 
@@ -298,6 +305,8 @@ def main() -> None:
     print(section)
     if args.write:
         write_section(section, title)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

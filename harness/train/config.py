@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from harness.data.config import DataConfig
-from harness.models.drafter import DrafterConfig
+from harness.models.drafter_config import DrafterConfig
 
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")

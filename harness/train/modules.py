@@ -5,17 +5,20 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from harness.models.drafter import DFlashDrafter
-from harness.models.drafter_loss import DrafterLoss
-from harness.models.target import HybridTarget
-from harness.train.batch import TrainingBatch
 from harness.train.config import RunConfig
 from harness.train.grad_stats import summing_comm_hook
+
+if TYPE_CHECKING:  # the models import transformers' modeling code: the ranks build them, the launcher
+    # (which reads EMBEDDED_TARGET and pretrained_target_path only) starts faster without
+    from harness.models.drafter import DFlashDrafter
+    from harness.models.drafter_loss import DrafterLoss
+    from harness.models.target import HybridTarget
+    from harness.train.batch import TrainingBatch
 
 #: seed of the random-weight target: the same target for every strategy and seed of a sweep
 TARGET_INIT_SEED = 0
@@ -56,6 +59,8 @@ def run_dtype(config: RunConfig) -> torch.dtype:
 
 def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget:
     """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
+    from harness.models.target import HybridTarget
+
     drafter_cfg = config.drafter_config
     torch.manual_seed(TARGET_INIT_SEED)
     if config.target.pretrained:
@@ -91,6 +96,8 @@ class DrafterModel:
         self.device = device
         self.dtype = run_dtype(config)
         self.target = build_target(config, self.dtype, device)
+        from harness.models.drafter import DFlashDrafter
+
         torch.manual_seed(config.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from harness.train.config import TopologyConfig
 from harness.train.distributed import RankEnv
-from harness.train.features import LocalTarget, SourceInputs
 from harness.train.topology import COLOCATED, DRAFTER, TARGET, Placement, PlacementKind, register_placement
+
+if TYPE_CHECKING:  # the feature sources import the models: the ranks need them, the launcher does not
+    from harness.train.features import LocalTarget, SourceInputs
 
 
 @register_placement
@@ -22,6 +24,8 @@ class Colocated(PlacementKind):
         return Placement(COLOCATED, env, tuple(range(env.world_size)), (), kind=self.name)
 
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> LocalTarget:  # noqa: ARG002
+        from harness.train.features import LocalTarget
+
         return LocalTarget(inputs)
 
 

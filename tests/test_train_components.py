@@ -603,3 +603,27 @@ def test_an_in_process_run_leaves_the_signal_handlers_as_it_found_them(tmp_path,
                   tmp_path / "run")
     assert summary["status"] == "complete"
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_two_ranks_writing_one_json_file_never_take_each_others_temporary_file(tmp_path, monkeypatch):
+    """Under torchrun every rank writes the run's config.json: another rank may write it between this rank's write
+    and its rename (seen as a FileNotFoundError on the rename when both used one temporary name)."""
+    import os
+
+    from harness.train.metrics import write_json_atomic
+
+    path, real_replace, real_getpid = tmp_path / "config.json", os.replace, os.getpid
+    interleaved = []
+
+    def the_other_rank_writes_first(source, destination):
+        if not interleaved:
+            interleaved.append(source)
+            with monkeypatch.context() as other:
+                other.setattr(os, "getpid", lambda: real_getpid() + 1)
+                write_json_atomic(path, {"rank": 1})
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", the_other_rank_writes_first)
+    write_json_atomic(path, {"rank": 0})
+    assert interleaved and json.loads(path.read_text()) == {"rank": 0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # no temporary file left behind

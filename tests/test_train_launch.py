@@ -155,3 +155,21 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
     assert result.returncode == 0, result.stderr[-4000:]
     assert_same_records(reference, run_dir)
     assert_same_summary(reference, run_dir)
+
+
+@pytest.mark.parametrize("tasks_per_node, node, local", [("4,2", 1, 2), ("2(x3)", 2, 2), ("3(x2),1", 0, 3)])
+def test_plain_srun_ranks_share_their_nodes_cores_not_the_jobs(monkeypatch, tasks_per_node, node, local):
+    """srun without torchrun: each rank's threads are this node's cores over the tasks on this node."""
+    import os
+
+    from harness.train.distributed import external_launch_env
+    from harness.train.modules import cpu_threads_per_rank
+
+    environ = {"SLURM_NTASKS": "6", "SLURM_PROCID": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": str(node),
+               "SLURM_STEP_TASKS_PER_NODE": tasks_per_node}
+    monkeypatch.setattr(os, "environ", environ)
+    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    env = external_launch_env()
+    assert (env.rank, env.world_size, env.local_rank) == (4, 6, 0)
+    assert environ["LOCAL_WORLD_SIZE"] == str(local)
+    assert cpu_threads_per_rank(env) == 12 // local  # not 12 // 6: the other nodes' tasks have their own cores

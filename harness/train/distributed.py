@@ -68,8 +68,28 @@ def external_launch_env() -> RankEnv | None:
         os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
         os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
         os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        local_tasks = slurm_tasks_on_this_node()
+        if local_tasks is not None:  # the processes sharing this node's cores (modules.cpu_threads_per_rank)
+            os.environ.setdefault("LOCAL_WORLD_SIZE", str(local_tasks))
         return RankEnv(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"]))
     return None
+
+
+def slurm_tasks_on_this_node() -> int | None:
+    """How many tasks of this SLURM step run on this node, from SLURM's compact per-node list
+    (``SLURM_STEP_TASKS_PER_NODE``, else ``SLURM_TASKS_PER_NODE``: e.g. ``2(x3),1`` is 2, 2, 2, 1) and
+    ``SLURM_NODEID``; None when SLURM does not say."""
+    counts = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if not counts:
+        return None
+    per_node: list[int] = []
+    try:
+        for part in counts.split(","):
+            tasks, _, repeat = part.partition("(x")
+            per_node += [int(tasks)] * (int(repeat.rstrip(")")) if repeat else 1)
+        return per_node[int(os.environ.get("SLURM_NODEID", "0"))]
+    except (ValueError, IndexError):  # a format this does not know: the job's world size is the fallback
+        return None
 
 
 def _submitit_env() -> RankEnv | None:

@@ -37,7 +37,9 @@ def json_value(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``payload`` as JSON to a temporary file, then rename it onto ``path``: readers never see half a file.
+    The temporary file is this process's own (under an external launcher every rank writes ``config.json``)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(json_value(payload), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 

@@ -46,8 +46,8 @@ def rank_device(config: RunConfig, env: Any) -> torch.device:
 
 
 def cpu_threads_per_rank(env: Any) -> int:
-    """This machine's cores over the job's processes on it (torch elastic's ``LOCAL_WORLD_SIZE``; else the job's
-    world size), at least 1."""
+    """This machine's cores over the job's processes on it (``LOCAL_WORLD_SIZE``: torch elastic's, or srun's tasks
+    on this node; else the job's world size), at least 1."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or env.world_size)
     return max(1, (os.cpu_count() or 1) // max(1, local))
 

@@ -34,6 +34,11 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
 budget="${BUDGET:-540}"
+# DEVICE=cpu rehearses the script where there is no GPU (every step on the CPU, cut by its limit, nothing written
+# into benchmarks/RESULTS.md): what fails there for another reason than time would fail on the GPU too
+device="${DEVICE:-cuda}"
+write=""
+if [ "$device" = cuda ]; then write="--write"; fi
 steps="${STEPS:-drafter advise advise8 tests check throughput train reference}"
 read -r -a run_set <<< "${RUN_SET:-}"
 started=$SECONDS
@@ -56,7 +61,12 @@ can_train=1
 "$py" -c "import hydra, datasets, tokenizers" 2>/dev/null || can_train=0
 status=0
 note() { echo "[$(date +%T) +$((SECONDS - started))s] $*" | tee -a "$out/summary.txt"; }
-pack() { if [ -n "${PACK_TO:-}" ]; then tar czf "$PACK_TO" -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null; fi; }
+# (checkpoints stay out: the reference shape's drafter with its AdamW state is tens of GB)
+pack() {
+  if [ -n "${PACK_TO:-}" ]; then
+    tar czf "$PACK_TO" --exclude=checkpoints -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null
+  fi
+}
 # limit OWN: this step's limit in seconds, what is left of the budget when that is less; 0 when under a minute is left
 limit() {
   local left=$((budget - (SECONDS - started)))
@@ -74,7 +84,7 @@ step_check() {
   local variant name each=$(($1 / 3)) ok=0
   for variant in "--dtype float32" "--dtype float32 --tf32" "--dtype bfloat16"; do
     name=$(echo "$variant" | tr -d ' -')
-    timeout "$each" "$py" -m harness.cli.check --device cuda $variant --json > "$out/check_$name.json" \
+    timeout "$each" "$py" -m harness.cli.check --device "$device" $variant --json > "$out/check_$name.json" \
       2> "$out/check_$name.err" || ok=1
     summarize "$out/check_$name.json" "$variant" <<'PY'
 import json, sys
@@ -89,7 +99,7 @@ PY
 }
 
 step_throughput() {
-  timeout "$1" "$py" benchmarks/target_throughput.py --device cuda --dtype bfloat16 \
+  timeout "$1" "$py" benchmarks/target_throughput.py --device "$device" --dtype bfloat16 \
     --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
     > "$out/throughput_cuda.md" 2>&1
   local rc=$?
@@ -98,7 +108,7 @@ step_throughput() {
 }
 
 step_drafter() {
-  timeout "$1" "$py" benchmarks/drafter_step.py --device cuda --rounds 2 --steps 3 --write \
+  timeout "$1" "$py" benchmarks/drafter_step.py --device "$device" --rounds 2 --steps 3 $write \
     > "$out/drafter_step_cuda.md" 2>&1
   local rc=$?
   grep -E "^\| (demo|large)|failed" "$out/drafter_step_cuda.md" | tee -a "$out/summary.txt"
@@ -106,7 +116,7 @@ step_drafter() {
 }
 
 step_train() {
-  timeout "$1" "$py" -m harness.cli.train strategy=packed trainer.device=cuda trainer.precision=bf16 \
+  timeout "$1" "$py" -m harness.cli.train strategy=packed "trainer.device=$device" trainer.precision=bf16 \
     trainer.stop_tokens=400000 trainer.eval_every_tokens=200000 trainer.num_workers=2 logger=none \
     trainer.progress=false "${run_set[@]}" "hydra.run.dir=$out/train-bf16" > "$out/train_bf16.log" 2>&1
   local rc=$?
@@ -126,10 +136,11 @@ PY
 # max_tokens 16384) shrunk to one period of layers (3 GDN + 1 attention), colocated on this one GPU.
 step_reference() {
   timeout "$1" "$py" -m harness.cli.train experiment=reference_8gpu topology=colocated trainer.nproc=1 \
-    target.num_hidden_layers=4 trainer.stop_tokens=150000 trainer.eval_every_tokens=150000 \
+    "trainer.device=$device" target.num_hidden_layers=4 trainer.stop_tokens=150000 trainer.eval_every_tokens=150000 \
     trainer.eval_real_prompts=0 trainer.num_workers=2 logger=none trainer.progress=false \
     "${run_set[@]}" "hydra.run.dir=$out/reference-1gpu" > "$out/reference_1gpu.log" 2>&1
   local rc=$?
+  rm -rf "$out/reference-1gpu/checkpoints"  # its final checkpoint: tens of GB of the machine's disk
   summarize "$out/reference-1gpu/summary.json" <<'PY'
 import json, sys
 try:
@@ -142,11 +153,12 @@ PY
   return $rc
 }
 
-# batchlab-advise on the GPU: its predictions against real runs (tiny configs, 1 GPU)
+# batchlab-advise on the GPU: its predictions against real runs (tiny configs, 1 GPU; two rounds, so that the
+# ranking is judged only on pairs the round-to-round spread separates)
 step_advise() {
   local sets=() kv
   for kv in "${run_set[@]}"; do sets+=(--set "$kv"); done
-  timeout "$1" "$py" benchmarks/advise_accuracy.py --device cuda --nproc 1 --rounds 1 --tokens 400000 --write \
+  timeout "$1" "$py" benchmarks/advise_accuracy.py --device "$device" --nproc 1 --rounds 2 --tokens 200000 $write \
     --set trainer.eval_real_prompts=0 "${sets[@]}" > "$out/advise_accuracy_cuda.md" 2>&1
   local rc=$?
   grep -E "^\| [a-z_]+ \||worst error|ranking" "$out/advise_accuracy_cuda.md" | tee -a "$out/summary.txt"
@@ -156,7 +168,7 @@ step_advise() {
 # the 8-GPU reference shape predicted from this one GPU's calibration (one period of the 27B-class target's layers)
 step_advise8() {
   timeout "$1" "$py" -m harness.cli.advise --experiment reference_8gpu --set target.num_hidden_layers=4 \
-    --device cuda --dtype bf16 --profile chat-902k --max-tokens 16384 --world-size 8 --tokens 2e9 \
+    --device "$device" --dtype bf16 --profile chat-902k --max-tokens 16384 --world-size 8 --tokens 2e9 \
     --cache-dir "$out/cache" --report-dir "$out/advise-8gpu" > "$out/advise_8gpu.txt" 2>&1
   local rc=$?
   tail -12 "$out/advise_8gpu.txt" | tee -a "$out/summary.txt"

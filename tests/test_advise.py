@@ -154,6 +154,10 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--set", "drafter.num_hidden_layers=five"], "--set drafter.num_hidden_layers=five: "),  # Hydra's own error
     (["--set", "trainer.max_tokens=4096"], "trainer.max_tokens is this command's --max-tokens; use that option"),
     (["--experiment", "reference_8gpu", "--target", "tiny"], "sets its own target and drafter; change them with --set"),
+    # one copy would fit in 16 GiB, but the 8 CPU ranks that calibrate together each hold one
+    (["--experiment", "reference_8gpu", "--set", "target.num_hidden_layers=4", "--set", "target.vocab_size=1024",
+      "--dtype", "bf16", "--world-size", "8"],
+     "GiB for its weights alone at bf16 on each of the 8 CPU ranks that calibrate together"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "available_bytes", lambda device: 16 * 2**30)  # the 27B target never fits, anywhere

@@ -163,10 +163,14 @@ def advise(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
                              f"{target_name}: {error}") from None
-    needed, free = target_bytes(config), available_bytes(args.device)
-    if needed > free:
-        raise ValueError(f"--target {target_name} needs {needed / 2**30:,.1f} GiB for its weights alone at "
-                         f"{args.dtype}, "
+    # CPU ranks share this machine and are measured together, each with its own copy of the target
+    local_ranks = args.world_size if args.device == "cpu" else 1
+    weights, free = target_bytes(config), available_bytes(args.device)
+    if weights * local_ranks > free:
+        copies = "" if local_ranks == 1 else (f" on each of the {local_ranks} CPU ranks that calibrate together "
+                                              f"({local_ranks * weights / 2**30:,.1f} GiB in all)")
+        raise ValueError(f"--target {target_name} needs {weights / 2**30:,.1f} GiB for its weights alone at "
+                         f"{args.dtype}{copies}, "
                          f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
                          "holds it (or a smaller target config: the fit is per configuration)")
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
@@ -174,8 +178,7 @@ def advise(args: argparse.Namespace) -> int:
         for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
             path.unlink()
     # CPU ranks share this machine: they are measured together (cores and the gradients' all-reduce shared)
-    calibration, measured = calibrate(config, cache_dir, progress=not args.json,
-                                      local_ranks=args.world_size if args.device == "cpu" else 1)
+    calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
     logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
     predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
                           step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens)

@@ -154,6 +154,7 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--set", "drafter.num_hidden_layers=five"], "--set drafter.num_hidden_layers=five: "),  # Hydra's own error
     (["--set", "trainer.max_tokens=4096"], "trainer.max_tokens is this command's --max-tokens; use that option"),
     (["--experiment", "reference_8gpu", "--target", "tiny"], "sets its own target and drafter; change them with --set"),
+    (["--allreduce-gbps", "400"], "--allreduce-gbps 400.0: only with --device cuda (CPU ranks are calibrated together"),
     # one copy would fit in 16 GiB, but the 8 CPU ranks that calibrate together each hold one
     (["--experiment", "reference_8gpu", "--set", "target.num_hidden_layers=4", "--set", "target.vocab_size=1024",
       "--dtype", "bf16", "--world-size", "8"],
@@ -423,3 +424,50 @@ def test_blocks_are_counted_as_the_drafter_runs_them_capped_a_micro_batch():
     assert plan_seconds(plan, capped).sum() < plan_seconds(plan, stored_calibration()).sum()
     target, drafter = capped.stage_costs()
     assert drafter.max_blocks == 100 and target.max_blocks == 100
+
+
+def test_the_gradient_allreduce_is_added_to_every_step_of_the_ranks_that_train_the_drafter():
+    """--allreduce-gbps on GPUs: a ring all-reduce of the drafter's gradients a step, over every rank colocated and
+    over the drafter ranks of a split."""
+    from harness.advise.predict import ring_allreduce_seconds
+    from harness.advise.stages import split_seconds
+    from strategies import Budget, build_strategy
+
+    allreduce = ring_allreduce_seconds(2e9, 100.0)
+    assert allreduce(1) == 0.0 and allreduce(4) == pytest.approx(2 * 3 / 4 * 2e9 / 100e9)
+    calibration = stored_calibration()
+    lengths = np.random.default_rng(3).lognormal(5, 0.8, 500).astype(np.int64).clip(10, 1000)
+    plain, = predict(lengths, ["bucketed"], calibration, world_size=4)
+    with_allreduce, = predict(lengths, ["bucketed"], calibration, world_size=4, allreduce=allreduce)
+    assert with_allreduce.epoch_seconds - plain.epoch_seconds == pytest.approx(plain.steps * allreduce(4), rel=1e-9)
+    target, drafter = calibration.stage_costs()
+    for row in with_allreduce.placement["splits"]:  # each split all-reduces over its own drafter ranks
+        ranks = row["drafter_ranks"]
+        plan = build_strategy("bucketed").plan(lengths, Budget(1024), seed=0, epoch=0, world_size=ranks,
+                                               grad_accum=4 // ranks, oversize="drop")
+        expected = split_seconds(plan, target, drafter, row["target_ranks"], calibration.step_s + allreduce(ranks))
+        assert row["tokens_per_second"] == pytest.approx(expected.tokens_per_second, rel=1e-9)
+
+
+def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_says_what_was_assumed():
+    import argparse
+
+    import torch
+
+    from harness.train.config import compose_run_config, run_config_from_dict
+    from harness.train.modules import DrafterModel
+
+    config = compose_run_config(["logger=none"])
+    model = DrafterModel(run_config_from_dict(config), torch.device("cpu"))  # the real one, built as a run builds it
+    assert cal.drafter_gradient_bytes(config) == 4 * sum(p.numel() for p in model.parameters)
+    reference = compose_run_config(["experiment=reference_8gpu", "target.num_hidden_layers=4", "logger=none"])
+    size = cal.drafter_gradient_bytes(reference)
+    args = argparse.Namespace(device="cuda", world_size=8, allreduce_gbps=None)
+    left_out, note = advise_cli._gradient_allreduce(reference, args)
+    assert left_out(8) == 0.0 and f"({size / 1e9:,.2f} GB of fp32 gradients a step) is not in these numbers" in note
+    args.allreduce_gbps = 400.0
+    added, note = advise_cli._gradient_allreduce(reference, args)
+    assert added(8) == pytest.approx(2 * 7 / 8 * size / 400e9)
+    assert f"{1e3 * added(8):,.1f} ms on 8 GPUs (assumed, not measured)" in note
+    args.device = "cpu"  # measured inside the CPU ranks' step: nothing added, nothing to say
+    assert advise_cli._gradient_allreduce(reference, args)[1] == ""

@@ -269,6 +269,27 @@ def target_bytes(config_dict: dict[str, Any]) -> int:
     return sum(p.numel() for p in model.parameters()) * width
 
 
+def drafter_gradient_bytes(config_dict: dict[str, Any]) -> int:
+    """The bytes of gradients the drafter's ranks all-reduce every step: its trainable parameters (the target's
+    embedding and head are shared and frozen) in fp32, the master weights' dtype; counted on the meta device."""
+    import torch
+
+    from harness.models.drafter import DFlashDrafter
+    from harness.models.target import HybridTarget
+    from harness.train.config import run_config_from_dict
+
+    config = run_config_from_dict(config_dict)
+    pretrained = config.target.pretrained
+    source = (pretrained if pretrained and Path(str(pretrained)).is_dir()
+              else {k: v for k, v in config.target_kwargs.items() if k != "pretrained"})
+    drafter_config = config.drafter_config
+    with torch.device("meta"):
+        target = HybridTarget(source, tap_layer_ids=drafter_config.target_layer_ids,
+                              num_draft_layers=drafter_config.num_hidden_layers)
+        drafter = DFlashDrafter(drafter_config, target.embed_tokens, target.lm_head, target.num_layers)
+    return sum(p.numel() for p in drafter.parameters() if p.requires_grad) * 4
+
+
 def available_bytes(device: str) -> int:
     """Memory free for the target now: the GPU's free memory, or the machine's available memory."""
     if device == "cuda":

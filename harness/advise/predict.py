@@ -4,13 +4,15 @@ For each strategy, epoch 0 is planned (and epoch 1, for recurrence) exactly as a
 rank's step time is the calibrated cost of the micro-batches it runs in the step (:class:`Calibration`), a
 step waits for its slowest rank and adds the optimizer step, and the epoch's real tokens over its summed
 step time is the predicted real tokens/s (the number ``batchlab-train`` reports as ``tokens_per_second``).
-Collective communication is not modelled (on one machine it is small next to the step; on a GPU cluster
-measure it). On two or more ranks, every split of them into target and drafter ranks is modelled too, on the
+CPU ranks are calibrated together, their gradient all-reduce inside the measured step; a GPU calibration
+times one GPU, so the drafter's gradient all-reduce across the job's GPUs is added only when its bandwidth is
+given (:func:`ring_allreduce_seconds`, ``batchlab-advise --allreduce-gbps``). On two or more ranks, every split of them into target and drafter ranks is modelled too, on the
 calibration's separate stage fits (:mod:`harness.advise.stages`): which split balances, against colocated.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,19 +47,39 @@ class Prediction:
         return dict(self.__dict__)
 
 
-def plan_seconds(plan: Any, calibration: Calibration) -> np.ndarray:
-    """``[steps]``: the predicted time of every optimizer step of ``plan`` (its slowest rank, plus the step)."""
+#: the gradient all-reduce's seconds a step on ``ranks`` training ranks (0 for one rank)
+AllReduce = Callable[[int], float]
+
+
+def no_allreduce(ranks: int) -> float:  # noqa: ARG001 - in the measured step (CPU), or not modelled
+    return 0.0
+
+
+def ring_allreduce_seconds(gradient_bytes: float, bus_gbps: float) -> AllReduce:
+    """A ring all-reduce of ``gradient_bytes`` at ``bus_gbps`` GB/s bus bandwidth (nccl-tests' ``busbw``, which
+    is defined so that the time is ``2 (N - 1) / N · bytes / busbw`` on N ranks)."""
+    def seconds(ranks: int) -> float:
+        return 2.0 * (ranks - 1) / ranks * gradient_bytes / (bus_gbps * 1e9) if ranks > 1 else 0.0
+
+    return seconds
+
+
+def plan_seconds(plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce) -> np.ndarray:
+    """``[steps]``: the predicted time of every optimizer step of ``plan`` (its slowest rank, plus the step and
+    the gradients' all-reduce)."""
     from strategies.balance import rank_costs
 
     costs = calibration.micro_batch_cost().micro_batch(plan)  # blocks capped at the drafter's max_blocks
     per_rank = rank_costs(costs.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
-    return per_rank.max(axis=1) + calibration.step_s
+    return per_rank.max(axis=1) + calibration.step_s + allreduce(plan.world_size)
 
 
 def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration, *, world_size: int,
             grad_accum: int = 1, step_tokens: int | None = None, seed: int = 0, tokens: int | None = None,
-            strategy_options: dict[str, dict] | None = None, oversize: str = "drop") -> list[Prediction]:
-    """One :class:`Prediction` per strategy, in the order given (deterministic: plans are seeded)."""
+            strategy_options: dict[str, dict] | None = None, oversize: str = "drop",
+            allreduce: AllReduce = no_allreduce) -> list[Prediction]:
+    """One :class:`Prediction` per strategy, in the order given (deterministic: plans are seeded); ``allreduce``
+    adds the gradients' all-reduce to every step (:func:`ring_allreduce_seconds`)."""
     from strategies import Budget, build_strategy
     from strategies.metrics import plan_metrics
 
@@ -68,7 +90,7 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
         plans = [strategy.plan(lengths, budget, seed=seed, epoch=epoch, world_size=world_size, grad_accum=grad_accum,
                                oversize=oversize, step_tokens=step_tokens) for epoch in (0, 1)]
         metrics = plan_metrics(plans[0], next_epoch_plan=plans[1], cost_model=calibration.cost_model())
-        seconds = float(plan_seconds(plans[0], calibration).sum())
+        seconds = float(plan_seconds(plans[0], calibration, allreduce).sum())
         real = float(plans[0].lengths[plans[0].kept_indices()].sum())
         rate = real / seconds if seconds > 0 else float("nan")
         out.append(Prediction(
@@ -82,23 +104,26 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
             seconds_to_budget=(tokens / rate if tokens and rate > 0 else None),
             placement=placement(plans[0], lambda w, g: strategy.plan(
                 lengths, budget, seed=seed, epoch=0, world_size=w, grad_accum=g, oversize=oversize,
-                step_tokens=step_tokens), calibration)))
+                step_tokens=step_tokens), calibration, allreduce)))
     return out
 
 
-def placement(plan: Any, make_plan: Any, calibration: Calibration) -> dict | None:
-    """Colocated against every target/drafter split of ``plan``'s ranks, on the stage fits (None on one rank)."""
+def placement(plan: Any, make_plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce) -> dict | None:
+    """Colocated against every target/drafter split of ``plan``'s ranks, on the stage fits (None on one rank);
+    the gradients are all-reduced over the ranks that train the drafter (all of them colocated, the drafter
+    ranks of a split)."""
     from harness.advise.stages import colocated_seconds, splits
 
     if plan.world_size < 2:
         return None
     target, drafter = calibration.stage_costs()
-    colocated = colocated_seconds(plan, target, drafter, calibration.step_s)
+    colocated = colocated_seconds(plan, target, drafter, calibration.step_s + allreduce(plan.world_size))
     rate = float(plan.micro_batch_tokens().sum()) / colocated if colocated > 0 else float("nan")
     rows = [{"split": s.label, "target_ranks": s.target_ranks, "drafter_ranks": s.drafter_ranks,
              "drafter_grad_accum": s.drafter_grad_accum, "tokens_per_second": s.tokens_per_second,
              "vs_colocated": s.tokens_per_second / rate, "target_busy": s.target_busy, "drafter_busy": s.drafter_busy}
-            for s in splits(make_plan, plan.world_size, plan.grad_accum, target, drafter, calibration.step_s)]
+            for s in splits(make_plan, plan.world_size, plan.grad_accum, target, drafter,
+                            lambda drafter_ranks: calibration.step_s + allreduce(drafter_ranks))]
     best = max(rows, key=lambda r: r["tokens_per_second"], default=None)
     return {"colocated_tokens_per_second": rate, "splits": rows,
             "best": best["split"] if best and best["vs_colocated"] >= SPLIT_MARGIN else "colocated"}

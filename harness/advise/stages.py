@@ -113,15 +113,17 @@ def split_seconds(drafter_plan: Any, target: StageCost, drafter: StageCost, targ
 
 
 def splits(make_plan: Callable[[int, int], Any], world_size: int, grad_accum: int, target: StageCost,
-           drafter: StageCost, step_s: float = 0.0) -> list[Split]:
+           drafter: StageCost, step_s: float | Callable[[int], float] = 0.0) -> list[Split]:
     """Every split of ``world_size`` ranks whose drafter ranks keep the global batch (``world_size · grad_accum``
     micro-batches a step), fewest target ranks first; ``make_plan(world_size, grad_accum)`` plans the drafters'
-    epoch. None for a single rank."""
+    epoch; ``step_s``: the step's own time, or a function of the drafter ranks (their all-reduce). None for a
+    single rank."""
     micro_batches = world_size * grad_accum
     out = []
     for target_ranks in range(1, world_size):
         drafter_ranks = world_size - target_ranks
         if micro_batches % drafter_ranks == 0:
             plan = make_plan(drafter_ranks, micro_batches // drafter_ranks)
-            out.append(split_seconds(plan, target, drafter, target_ranks, step_s))
+            step = step_s(drafter_ranks) if callable(step_s) else step_s
+            out.append(split_seconds(plan, target, drafter, target_ranks, step))
     return out

@@ -13,7 +13,8 @@
 2. Predicts for every strategy (:mod:`harness.advise.predict`): real tokens/s, time per epoch and to
    ``--tokens``, beside padding, recurrence, step recurrence, length-mix excess and rank imbalance; on two
    or more ranks, every split into target and drafter ranks against colocated (:mod:`harness.advise.stages`,
-   on the target and drafter stages calibrated apart).
+   on the target and drafter stages calibrated apart). On several GPUs, ``--allreduce-gbps`` adds the drafter's
+   gradient all-reduce to every step (one GPU's calibration cannot time it; without it, a note says so).
 3. Recommends in one paragraph, with what a finished sweep measured (``--sweep DIR``: only the differences
    the report's Holm-corrected tests keep). ``--json`` prints it all; ``--report-dir`` adds a figure (predicted
    tokens/s against recurrence, one point per strategy) and ``advice.json``.
@@ -28,6 +29,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
@@ -63,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--tokens", type=lambda t: int(float(t)), default=None, help="token budget: time to reach it")
+    parser.add_argument("--allreduce-gbps", type=float, default=None, metavar="BUSBW",
+                        help="cuda: the GPUs' all-reduce bus bandwidth in GB/s (nccl-tests' busbw): adds the drafter's "
+                             "gradient all-reduce to every step (one GPU's calibration cannot time it)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the plans (default 0)")
     parser.add_argument("--max-recurrence", type=float, default=0.1, help="the recommendation's recurrence bound")
     parser.add_argument("--sweep", nargs="+", metavar="SWEEP_DIR",
@@ -123,6 +128,10 @@ def advise(args: argparse.Namespace) -> int:
                              + (" and no checkpoint directory" if group == "target" else
                                 " and no batchlab-train run directory (one holding config.json)")
                              + f"; choose one of {', '.join(group_options(group))}")
+    if args.allreduce_gbps is not None and (args.device != "cuda" or not args.allreduce_gbps > 0):
+        raise ValueError(f"--allreduce-gbps {args.allreduce_gbps}: " + (
+            "give the GPUs' bus bandwidth in GB/s, above 0" if args.device == "cuda" else
+            "only with --device cuda (CPU ranks are calibrated together, their all-reduce inside the measured step)"))
     if args.device == "cuda":
         import torch
 
@@ -180,12 +189,13 @@ def advise(args: argparse.Namespace) -> int:
     # CPU ranks share this machine: they are measured together (cores and the gradients' all-reduce shared)
     calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
     logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
+    allreduce, allreduce_note = _gradient_allreduce(config, args)
     predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
-                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens)
+                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens, allreduce=allreduce)
     paragraph = recommendation(predictions, args.max_recurrence)
     if args.sweep:
         paragraph += " " + measured_evidence(args.sweep)
-    notes = []
+    notes = [allreduce_note] if allreduce_note else []
     if over:
         notes.append(f"{over:,} of {lengths.size:,} samples ({100 * over / lengths.size:.1f}%) are longer than "
                      f"--max-tokens {args.max_tokens} (the longest {int(lengths.max()):,}): a run drops them "
@@ -220,6 +230,26 @@ def advise(args: argparse.Namespace) -> int:
         print(f"note: the calibration fits one shape {100 * calibration.worst_error():.0f}% off: a busy machine? "
               "--recalibrate on a quiet one", file=sys.stderr)
     return 0
+
+
+def _gradient_allreduce(config: dict, args: argparse.Namespace) -> tuple[Any, str]:
+    """The drafter's gradient all-reduce a step (:func:`~harness.advise.predict.ring_allreduce_seconds`) and the
+    note that says what was assumed, or that it is left out; nothing to add on CPU (measured) or one rank."""
+    from harness.advise.calibrate import drafter_gradient_bytes
+    from harness.advise.predict import no_allreduce, ring_allreduce_seconds
+
+    if args.device != "cuda" or args.world_size < 2:
+        return no_allreduce, ""
+    gradient_bytes = drafter_gradient_bytes(config)
+    size = f"{gradient_bytes / 1e9:,.2f} GB of fp32 gradients a step"
+    if args.allreduce_gbps is None:
+        return no_allreduce, (f"The step was timed on one GPU: the drafter's gradient all-reduce across "
+                              f"{args.world_size} GPUs ({size}) is not in these numbers; --allreduce-gbps BUSBW "
+                              "(nccl-tests' bus bandwidth of these GPUs) adds it.")
+    allreduce = ring_allreduce_seconds(gradient_bytes, args.allreduce_gbps)
+    return allreduce, (f"Every step includes the drafter's gradient all-reduce ({size}) at {args.allreduce_gbps:g} "
+                       f"GB/s bus bandwidth: {1e3 * allreduce(args.world_size):,.1f} ms on {args.world_size} GPUs "
+                       "(assumed, not measured).")
 
 
 def measured_evidence(sweep_dirs: list[str]) -> str:

@@ -4,6 +4,7 @@ match an independent sum over the plan, the recommendation, and one-line errors.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -462,6 +463,8 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     assert cal.drafter_gradient_bytes(config) == 4 * sum(p.numel() for p in model.parameters)
     reference = compose_run_config(["experiment=reference_8gpu", "target.num_hidden_layers=4", "logger=none"])
     size = cal.drafter_gradient_bytes(reference)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"({size / 1e9:.2f} GB for `reference_8gpu`'s drafter)" in " ".join(readme.split())  # the README's number
     args = argparse.Namespace(device="cuda", world_size=8, allreduce_gbps=None)
     left_out, note = advise_cli._gradient_allreduce(reference, args)
     assert left_out(8) == 0.0 and f"({size / 1e9:,.2f} GB of fp32 gradients a step) is not in these numbers" in note

@@ -89,6 +89,7 @@ def main() -> None:
                              "trainer.progress=false", f"trainer.stop_tokens={args.tokens}",
                              f"trainer.eval_every_tokens={args.tokens}"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{round_index}")
+                complete(summary, strategy)
                 measured[strategy].append(summary["tokens_per_second"])
                 print(f"round {round_index} {strategy}: measured {summary['tokens_per_second']:,.0f} tok/s, "
                       f"predicted {predicted[strategy].tokens_per_second:,.0f}", flush=True)
@@ -132,6 +133,13 @@ def main() -> None:
     print(section)
     if args.write:
         write_section(section, TITLE if args.device == "cpu" else CUDA_TITLE)
+
+
+def complete(summary: dict, what: str) -> None:
+    """A run stopped early (a signal: the time limit of a caller) measured part of its tokens: stop here, with
+    nothing written, rather than record it."""
+    if summary.get("status") != "complete":
+        raise SystemExit(f"advise_accuracy: the {what} run ended {summary.get('status')!r}; nothing is recorded")
 
 
 def calibrated(device: list[str], local_ranks: int) -> tuple:
@@ -193,6 +201,7 @@ def placement_check(args: argparse.Namespace) -> None:
                              f"trainer.stop_tokens={tokens}", f"trainer.eval_every_tokens={tokens}",
                              "trainer.eval_real_prompts=0"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{placement}-{round_index}")
+                complete(summary, f"{strategy} {placement}")
                 measured.setdefault((strategy, placement), []).append(summary["tokens_per_second"])
                 if placement == "disaggregated":
                     stages.setdefault(strategy, []).append(

@@ -17,9 +17,10 @@
 #
 # Results land in OUT (default ./gpu-check): a log per step, JSON and markdown, summary.txt (a line per step,
 # what it measured) and RESULTS.md (benchmarks/RESULTS.md with the sections the steps rewrote).
-# BUDGET (seconds, default 540: the device tool's 600 s a call, less the install and packing) bounds the whole
-# script: each step gets its own limit or what is left of the budget, whichever is less, and a step with under
-# a minute left is skipped and named in summary.txt (run it in a second call: STEPS="the skipped ones").
+# BUDGET (seconds, default 520: the device tool's 600 s a call, less the install, a killed step's 20 s of grace
+# and the packing) bounds the whole script: each step gets its own limit or what is left of the budget, whichever
+# is less (then SIGTERM, SIGKILL 20 s later), and a step with under a minute left is skipped and named in
+# summary.txt (run it in a second call: STEPS="the skipped ones").
 # PACK_TO=FILE: OUT packed into FILE (tar.gz) after every step, so that a run cut short still returns its results.
 # RUN_SET="KEY=VALUE ...": batchlab-train overrides for the steps that train (benchmarks/device_run.sh points
 # them at the carried copy of the default run's data, so that nothing is built on the GPU machine).
@@ -33,7 +34,7 @@ out="${1:-gpu-check}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py="${PYTHON:-python3}"
-budget="${BUDGET:-540}"
+budget="${BUDGET:-520}"
 # DEVICE=cpu rehearses the script where there is no GPU (every step on the CPU, cut by its limit, nothing written
 # into benchmarks/RESULTS.md): what fails there for another reason than time would fail on the GPU too
 device="${DEVICE:-cuda}"
@@ -61,10 +62,15 @@ can_train=1
 "$py" -c "import hydra, datasets, tokenizers" 2>/dev/null || can_train=0
 status=0
 note() { echo "[$(date +%T) +$((SECONDS - started))s] $*" | tee -a "$out/summary.txt"; }
-# (checkpoints stay out: the reference shape's drafter with its AdamW state is tens of GB)
+# (with RESULTS.md as the steps left it; checkpoints stay out: the reference shape's drafter with its AdamW state
+# is tens of GB, and the device tool returns files of at most 16 MiB)
 pack() {
+  cp benchmarks/RESULTS.md "$out/RESULTS.md"
   if [ -n "${PACK_TO:-}" ]; then
     tar czf "$PACK_TO" --exclude=checkpoints -C "$(dirname "$out")" "$(basename "$out")" 2>/dev/null
+    if [ "$(stat -c %s "$PACK_TO")" -gt $((15 * 1024 * 1024)) ]; then
+      note "$PACK_TO is over 15 MiB: it may not come back from the GPU machine"
+    fi
   fi
 }
 # limit OWN: this step's limit in seconds, what is left of the budget when that is less; 0 when under a minute is left
@@ -76,16 +82,18 @@ limit() {
 summarize() { "$py" - "$@" 2>&1 | tee -a "$out/summary.txt"; }
 
 step_tests() {
-  timeout "$1" "$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py \
+  timeout -k 20 "$1" "$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py \
     tests/test_drafter_packing.py tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" | tail -3
 }
 
 step_check() {
-  local variant name each=$(($1 / 3)) ok=0
+  local variant name each=$(($1 / 3)) ok=0 rc
   for variant in "--dtype float32" "--dtype float32 --tf32" "--dtype bfloat16"; do
     name=$(echo "$variant" | tr -d ' -')
-    timeout "$each" "$py" -m harness.cli.check --device "$device" $variant --json > "$out/check_$name.json" \
-      2> "$out/check_$name.err" || ok=1
+    timeout -k 20 "$each" "$py" -m harness.cli.check --device "$device" $variant --json > "$out/check_$name.json" \
+      2> "$out/check_$name.err"
+    rc=$?
+    if [ "$rc" = 124 ]; then ok=124; elif [ "$rc" != 0 ] && [ "$ok" = 0 ]; then ok=1; fi
     summarize "$out/check_$name.json" "$variant" <<'PY'
 import json, sys
 try:
@@ -99,7 +107,7 @@ PY
 }
 
 step_throughput() {
-  timeout "$1" "$py" benchmarks/target_throughput.py --device "$device" --dtype bfloat16 \
+  timeout -k 20 "$1" "$py" benchmarks/target_throughput.py --device "$device" --dtype bfloat16 \
     --config conf/target/qwen3.6-27b.yaml --layers 4 --scale 1 --tokens 131072 --max-tokens 16384 --repeats 3 \
     > "$out/throughput_cuda.md" 2>&1
   local rc=$?
@@ -108,7 +116,7 @@ step_throughput() {
 }
 
 step_drafter() {
-  timeout "$1" "$py" benchmarks/drafter_step.py --device "$device" --rounds 2 --steps 3 $write \
+  timeout -k 20 "$1" "$py" benchmarks/drafter_step.py --device "$device" --rounds 2 --steps 3 $write \
     > "$out/drafter_step_cuda.md" 2>&1
   local rc=$?
   grep -E "^\| (demo|large)|failed" "$out/drafter_step_cuda.md" | tee -a "$out/summary.txt"
@@ -116,7 +124,7 @@ step_drafter() {
 }
 
 step_train() {
-  timeout "$1" "$py" -m harness.cli.train strategy=packed "trainer.device=$device" trainer.precision=bf16 \
+  timeout -k 20 "$1" "$py" -m harness.cli.train strategy=packed "trainer.device=$device" trainer.precision=bf16 \
     trainer.stop_tokens=400000 trainer.eval_every_tokens=200000 trainer.num_workers=2 logger=none \
     trainer.progress=false "${run_set[@]}" "hydra.run.dir=$out/train-bf16" > "$out/train_bf16.log" 2>&1
   local rc=$?
@@ -124,7 +132,7 @@ step_train() {
 import json, sys
 try:
     s = json.load(open(sys.argv[1]))
-    print(f"bf16 training: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, final loss "
+    print(f"bf16 training, {s['status']}: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, final loss "
           f"{s['final_loss']:.4f}, held-out loss {s['eval_loss']:.4f}, tau {s['eval_tau']:.3f}")
 except (OSError, ValueError, KeyError) as err:
     print(f"bf16 training: did not finish ({err}); see train_bf16.log")
@@ -135,7 +143,7 @@ PY
 # The reference run's shape (experiment=reference_8gpu: 27B-class target, 5-layer drafter, block 16,
 # max_tokens 16384) shrunk to one period of layers (3 GDN + 1 attention), colocated on this one GPU.
 step_reference() {
-  timeout "$1" "$py" -m harness.cli.train experiment=reference_8gpu topology=colocated trainer.nproc=1 \
+  timeout -k 20 "$1" "$py" -m harness.cli.train experiment=reference_8gpu topology=colocated trainer.nproc=1 \
     "trainer.device=$device" target.num_hidden_layers=4 trainer.stop_tokens=150000 trainer.eval_every_tokens=150000 \
     trainer.eval_real_prompts=0 trainer.num_workers=2 logger=none trainer.progress=false \
     "${run_set[@]}" "hydra.run.dir=$out/reference-1gpu" > "$out/reference_1gpu.log" 2>&1
@@ -145,7 +153,7 @@ step_reference() {
 import json, sys
 try:
     s = json.load(open(sys.argv[1]))
-    print(f"reference shape, one period: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, "
+    print(f"reference shape, one period, {s['status']}: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, "
           f"peak {s['peak_memory_mb']:.0f} MB, padding {s['padding_ratio']:.3f}, final loss {s['final_loss']:.4f}")
 except (OSError, ValueError, KeyError) as err:
     print(f"reference shape: did not finish ({err}); see reference_1gpu.log")
@@ -158,7 +166,7 @@ PY
 step_advise() {
   local sets=() kv
   for kv in "${run_set[@]}"; do sets+=(--set "$kv"); done
-  timeout "$1" "$py" benchmarks/advise_accuracy.py --device "$device" --nproc 1 --rounds 2 --tokens 200000 $write \
+  timeout -k 20 "$1" "$py" benchmarks/advise_accuracy.py --device "$device" --nproc 1 --rounds 2 --tokens 200000 $write \
     --set trainer.eval_real_prompts=0 "${sets[@]}" > "$out/advise_accuracy_cuda.md" 2>&1
   local rc=$?
   grep -E "^\| [a-z_]+ \||worst error|ranking" "$out/advise_accuracy_cuda.md" | tee -a "$out/summary.txt"
@@ -167,7 +175,7 @@ step_advise() {
 
 # the 8-GPU reference shape predicted from this one GPU's calibration (one period of the 27B-class target's layers)
 step_advise8() {
-  timeout "$1" "$py" -m harness.cli.advise --experiment reference_8gpu --set target.num_hidden_layers=4 \
+  timeout -k 20 "$1" "$py" -m harness.cli.advise --experiment reference_8gpu --set target.num_hidden_layers=4 \
     --device "$device" --dtype bf16 --profile chat-902k --max-tokens 16384 --world-size 8 --tokens 2e9 \
     --cache-dir "$out/cache" --report-dir "$out/advise-8gpu" > "$out/advise_8gpu.txt" 2>&1
   local rc=$?
@@ -175,7 +183,7 @@ step_advise8() {
   return $rc
 }
 
-declare -A own_limit=([drafter]=200 [advise]=200 [advise8]=150 [tests]=150 [check]=150 [throughput]=150
+declare -A own_limit=([drafter]=200 [advise]=200 [advise8]=150 [tests]=150 [check]=240 [throughput]=150
                       [train]=180 [reference]=180)
 declare -A trains=([advise]=1 [advise8]=1 [train]=1 [reference]=1)
 for name in $steps; do
@@ -198,7 +206,6 @@ for name in $steps; do
   note "$name: exit $rc$([ "$rc" = 124 ] && echo ' (its time limit)') after $((SECONDS - step_began)) s"
   pack
 done
-cp benchmarks/RESULTS.md "$out/RESULTS.md"
 note "done, status $status"
 pack
 exit $status

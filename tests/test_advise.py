@@ -81,6 +81,7 @@ def test_an_interrupted_calibration_resumes_and_never_leaves_a_corrupt_cache(tmp
     cfg["drafter"] = {**cfg["drafter"], "block_size": 8, "num_anchors": 64}
     with pytest.raises(KeyboardInterrupt):
         cal.calibrate(cfg, tmp_path, progress=False, measure=interrupted)
+    assert not cal.is_cached(cfg, tmp_path)  # a partial entry is not a calibration
     files = sorted(p.name for p in (tmp_path / cal.CACHE_SUBDIR).iterdir())
     assert len(files) == 1 and files[0].endswith(".partial.json")  # no final entry, the 4 shapes kept
     assert len(json.loads((tmp_path / cal.CACHE_SUBDIR / files[0]).read_text())["shapes"]) == 4
@@ -95,6 +96,7 @@ def test_an_interrupted_calibration_resumes_and_never_leaves_a_corrupt_cache(tmp
     assert np.allclose(calibration.drafter_stage, DRAFTER, rtol=1e-6, atol=1e-12), calibration.drafter_stage
     again, measured_again = cal.calibrate(cfg, tmp_path, progress=False, measure=measure)
     assert not measured_again and again == calibration
+    assert cal.is_cached(cfg, tmp_path) and not cal.is_cached(cfg, tmp_path, local_ranks=2)
 
 
 def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64, drafter=DRAFTER):
@@ -471,6 +473,21 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     args.allreduce_gbps = 400.0
     added, note = advise_cli._gradient_allreduce(reference, args)
     assert added(8) == pytest.approx(2 * 7 / 8 * size / 400e9)
-    assert f"{1e3 * added(8):,.1f} ms on 8 GPUs (assumed, not measured)" in note
+    assert f"{1e3 * added(8):,.1f} ms on 8 GPUs (assumed, not measured; at most" in note
     args.device = "cpu"  # measured inside the CPU ranks' step: nothing added, nothing to say
     assert advise_cli._gradient_allreduce(reference, args)[1] == ""
+
+
+def test_a_cached_calibration_is_read_where_measuring_it_would_not_fit(tmp_path, capsys, monkeypatch):
+    """The memory check guards what a calibration would allocate: a cached one allocates nothing."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(["100", "200", "500"]))
+    monkeypatch.setattr(cal, "available_bytes", lambda device: 1)
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (stored_calibration(), False))
+    args = ["--lengths", str(lengths), "--max-tokens", "1024", "--world-size", "2", "--cache-dir", str(tmp_path)]
+    monkeypatch.setattr(cal, "is_cached", lambda *a, **k: True)
+    assert advise_cli.main(args) == 0 and "is the fastest strategy" in capsys.readouterr().out
+    assert advise_cli.main([*args, "--recalibrate"]) == 2  # measuring again would allocate: refused
+    assert "more than the 0.0 GiB free on cpu" in capsys.readouterr().err
+    monkeypatch.setattr(cal, "is_cached", lambda *a, **k: False)
+    assert advise_cli.main(args) == 2

@@ -196,13 +196,10 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     time, each with its share of the cores, and their optimizer step includes the all-reduce of the drafter's
     gradients over gloo, as the training ranks do; rank 0's times are kept."""
     trainer = config_dict["trainer"]
-    machine = machine_identity(trainer["device"])
     drafter = config_dict["drafter"]
-    machine["threads_per_rank"] = trainer.get("threads_per_rank")  # a rank's share of the cores
-    machine["local_ranks"] = local_ranks
-    key = calibration_key(machine, trainer["precision"], int(trainer["max_tokens"]), config_dict["target"], drafter)
-    directory = Path(cache_dir) / CACHE_SUBDIR
-    final, partial = directory / f"{key}.json", directory / f"{key}.partial.json"
+    machine, final = _cache_entry(config_dict, cache_dir, local_ranks)
+    key, directory = final.stem, final.parent
+    partial = directory / f"{key}.partial.json"
     if final.is_file():
         return Calibration.from_json(json.loads(final.read_text())), False
     directory.mkdir(parents=True, exist_ok=True)
@@ -248,6 +245,22 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
     return calibration, True
+
+
+def _cache_entry(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int) -> tuple[dict[str, Any], Path]:
+    """This machine's identity and the cache file of ``config_dict``'s calibration by ``local_ranks`` ranks."""
+    trainer = config_dict["trainer"]
+    machine = machine_identity(trainer["device"])
+    machine["threads_per_rank"] = trainer.get("threads_per_rank")  # a rank's share of the cores
+    machine["local_ranks"] = local_ranks
+    key = calibration_key(machine, trainer["precision"], int(trainer["max_tokens"]), config_dict["target"],
+                          config_dict["drafter"])
+    return machine, Path(cache_dir) / CACHE_SUBDIR / f"{key}.json"
+
+
+def is_cached(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int = 1) -> bool:
+    """Whether :func:`calibrate` would read this calibration from the cache (and allocate nothing)."""
+    return _cache_entry(config_dict, cache_dir, local_ranks)[1].is_file()
 
 
 def target_bytes(config_dict: dict[str, Any]) -> int:

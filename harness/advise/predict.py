@@ -6,8 +6,10 @@ step waits for its slowest rank and adds the optimizer step, and the epoch's rea
 step time is the predicted real tokens/s (the number ``batchlab-train`` reports as ``tokens_per_second``).
 CPU ranks are calibrated together, their gradient all-reduce inside the measured step; a GPU calibration
 times one GPU, so the drafter's gradient all-reduce across the job's GPUs is added only when its bandwidth is
-given (:func:`ring_allreduce_seconds`, ``batchlab-advise --allreduce-gbps``). On two or more ranks, every split of them into target and drafter ranks is modelled too, on the
-calibration's separate stage fits (:mod:`harness.advise.stages`): which split balances, against colocated.
+given (:func:`ring_allreduce_seconds`, ``batchlab-advise --allreduce-gbps``; not overlapped with the backward,
+so at most what it costs). On two or more ranks, every split of them into target and drafter ranks is modelled
+too, on the calibration's separate stage fits (:mod:`harness.advise.stages`): which split balances, against
+colocated.
 """
 
 from __future__ import annotations

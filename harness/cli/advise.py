@@ -29,8 +29,8 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
 
@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=lambda t: int(float(t)), default=None, help="token budget: time to reach it")
     parser.add_argument("--allreduce-gbps", type=float, default=None, metavar="BUSBW",
                         help="cuda: the GPUs' all-reduce bus bandwidth in GB/s (nccl-tests' busbw): adds the drafter's "
-                             "gradient all-reduce to every step (one GPU's calibration cannot time it)")
+                             "gradient all-reduce to every step, not overlapped with the backward (at most what it "
+                             "costs; one GPU's calibration cannot time it)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the plans (default 0)")
     parser.add_argument("--max-recurrence", type=float, default=0.1, help="the recommendation's recurrence bound")
     parser.add_argument("--sweep", nargs="+", metavar="SWEEP_DIR",
@@ -90,7 +91,7 @@ def advise(args: argparse.Namespace) -> int:
     import numpy as np
 
     import strategies
-    from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, target_bytes
+    from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, is_cached, target_bytes
     from harness.advise.predict import predict, recommendation
     from harness.cli.overrides import check_override, group_options
     from harness.cli.plan import select_strategies
@@ -174,15 +175,15 @@ def advise(args: argparse.Namespace) -> int:
                              f"{target_name}: {error}") from None
     # CPU ranks share this machine and are measured together, each with its own copy of the target
     local_ranks = args.world_size if args.device == "cpu" else 1
+    cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     weights, free = target_bytes(config), available_bytes(args.device)
-    if weights * local_ranks > free:
+    if weights * local_ranks > free and (args.recalibrate or not is_cached(config, cache_dir, local_ranks)):
         copies = "" if local_ranks == 1 else (f" on each of the {local_ranks} CPU ranks that calibrate together "
                                               f"({local_ranks * weights / 2**30:,.1f} GiB in all)")
         raise ValueError(f"--target {target_name} needs {weights / 2**30:,.1f} GiB for its weights alone at "
                          f"{args.dtype}{copies}, "
                          f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
                          "holds it (or a smaller target config: the fit is per configuration)")
-    cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     if args.recalibrate:
         for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
             path.unlink()
@@ -249,7 +250,7 @@ def _gradient_allreduce(config: dict, args: argparse.Namespace) -> tuple[Any, st
     allreduce = ring_allreduce_seconds(gradient_bytes, args.allreduce_gbps)
     return allreduce, (f"Every step includes the drafter's gradient all-reduce ({size}) at {args.allreduce_gbps:g} "
                        f"GB/s bus bandwidth: {1e3 * allreduce(args.world_size):,.1f} ms on {args.world_size} GPUs "
-                       "(assumed, not measured).")
+                       "(assumed, not measured; at most, since DDP overlaps part of it with the backward).")
 
 
 def measured_evidence(sweep_dirs: list[str]) -> str:

@@ -80,6 +80,20 @@ limit() {
 }
 # summarize FILE PYTHON: the step's line(s) for summary.txt from a JSON or markdown result
 summarize() { "$py" - "$@" 2>&1 | tee -a "$out/summary.txt"; }
+# summarize_run LABEL RUN_DIR LOG: a training run's line from its summary.json (or where to look when it has none)
+summarize_run() {
+  summarize "$2/summary.json" "$1" "$3" <<'PY'
+import json, sys
+path, label, log = sys.argv[1:]
+try:
+    s = json.load(open(path))
+    held_out = "" if s.get("eval_loss") is None else f", held-out loss {s['eval_loss']:.4f}, tau {s['eval_tau']:.3f}"
+    print(f"{label}, {s['status']}: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, peak "
+          f"{s['peak_memory_mb']:.0f} MB, padding {s['padding_ratio']:.3f}, final loss {s['final_loss']:.4f}{held_out}")
+except (OSError, ValueError, KeyError) as err:
+    print(f"{label}: did not finish ({err}); see {log}")
+PY
+}
 
 step_tests() {
   timeout -k 20 "$1" "$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py \
@@ -128,15 +142,7 @@ step_train() {
     trainer.stop_tokens=400000 trainer.eval_every_tokens=200000 trainer.num_workers=2 logger=none \
     trainer.progress=false "${run_set[@]}" "hydra.run.dir=$out/train-bf16" > "$out/train_bf16.log" 2>&1
   local rc=$?
-  summarize "$out/train-bf16/summary.json" <<'PY'
-import json, sys
-try:
-    s = json.load(open(sys.argv[1]))
-    print(f"bf16 training, {s['status']}: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, final loss "
-          f"{s['final_loss']:.4f}, held-out loss {s['eval_loss']:.4f}, tau {s['eval_tau']:.3f}")
-except (OSError, ValueError, KeyError) as err:
-    print(f"bf16 training: did not finish ({err}); see train_bf16.log")
-PY
+  summarize_run "bf16 training" "$out/train-bf16" train_bf16.log
   return $rc
 }
 
@@ -149,15 +155,7 @@ step_reference() {
     "${run_set[@]}" "hydra.run.dir=$out/reference-1gpu" > "$out/reference_1gpu.log" 2>&1
   local rc=$?
   rm -rf "$out/reference-1gpu/checkpoints"  # its final checkpoint: tens of GB of the machine's disk
-  summarize "$out/reference-1gpu/summary.json" <<'PY'
-import json, sys
-try:
-    s = json.load(open(sys.argv[1]))
-    print(f"reference shape, one period, {s['status']}: {s['steps']} steps, {s['tokens_per_second']:.0f} real tok/s, "
-          f"peak {s['peak_memory_mb']:.0f} MB, padding {s['padding_ratio']:.3f}, final loss {s['final_loss']:.4f}")
-except (OSError, ValueError, KeyError) as err:
-    print(f"reference shape: did not finish ({err}); see reference_1gpu.log")
-PY
+  summarize_run "reference shape, one period" "$out/reference-1gpu" reference_1gpu.log
   return $rc
 }
 

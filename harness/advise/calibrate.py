@@ -263,6 +263,12 @@ def is_cached(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int = 1
     return _cache_entry(config_dict, cache_dir, local_ranks)[1].is_file()
 
 
+def _target_source(config: Any) -> Any:
+    """What the run's target is built from: its checkpoint directory, else its config's keyword arguments."""
+    pretrained = config.target.pretrained
+    return pretrained if pretrained and Path(str(pretrained)).is_dir() else config.target_kwargs
+
+
 def target_bytes(config_dict: dict[str, Any]) -> int:
     """The frozen target's weights in bytes at the run's precision, counted without allocating them (meta
     device): what must fit before a calibration can start."""
@@ -273,11 +279,8 @@ def target_bytes(config_dict: dict[str, Any]) -> int:
     from harness.train.config import run_config_from_dict
 
     config = run_config_from_dict(config_dict)
-    pretrained = config.target.pretrained
-    source = (pretrained if pretrained and Path(str(pretrained)).is_dir()
-              else {k: v for k, v in config.target_kwargs.items() if k != "pretrained"})
     with torch.device("meta"):
-        model = Qwen3_5ForCausalLM(load_target_config(source))
+        model = Qwen3_5ForCausalLM(load_target_config(_target_source(config)))
     width = 2 if config.trainer.precision == "bf16" else 4
     return sum(p.numel() for p in model.parameters()) * width
 
@@ -292,12 +295,9 @@ def drafter_gradient_bytes(config_dict: dict[str, Any]) -> int:
     from harness.train.config import run_config_from_dict
 
     config = run_config_from_dict(config_dict)
-    pretrained = config.target.pretrained
-    source = (pretrained if pretrained and Path(str(pretrained)).is_dir()
-              else {k: v for k, v in config.target_kwargs.items() if k != "pretrained"})
     drafter_config = config.drafter_config
     with torch.device("meta"):
-        target = HybridTarget(source, tap_layer_ids=drafter_config.target_layer_ids,
+        target = HybridTarget(_target_source(config), tap_layer_ids=drafter_config.target_layer_ids,
                               num_draft_layers=drafter_config.num_hidden_layers)
         drafter = DFlashDrafter(drafter_config, target.embed_tokens, target.lm_head, target.num_layers)
     return sum(p.numel() for p in drafter.parameters() if p.requires_grad) * 4

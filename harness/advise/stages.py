@@ -116,8 +116,8 @@ def splits(make_plan: Callable[[int, int], Any], world_size: int, grad_accum: in
            drafter: StageCost, step_s: float | Callable[[int], float] = 0.0) -> list[Split]:
     """Every split of ``world_size`` ranks whose drafter ranks keep the global batch (``world_size · grad_accum``
     micro-batches a step), fewest target ranks first; ``make_plan(world_size, grad_accum)`` plans the drafters'
-    epoch; ``step_s``: the step's own time, or a function of the drafter ranks (their all-reduce). None for a
-    single rank."""
+    epoch; ``step_s``: the step's own time, or a function of the drafter ranks (their all-reduce). An empty
+    list on a single rank."""
     micro_batches = world_size * grad_accum
     out = []
     for target_ranks in range(1, world_size):

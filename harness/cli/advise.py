@@ -173,7 +173,8 @@ def advise(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
                              f"{target_name}: {error}") from None
-    # CPU ranks share this machine and are measured together, each with its own copy of the target
+    # CPU ranks share this machine and are measured together (cores and the gradients' all-reduce shared), each
+    # with its own copy of the target
     local_ranks = args.world_size if args.device == "cpu" else 1
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     weights, free = target_bytes(config), available_bytes(args.device)
@@ -187,7 +188,6 @@ def advise(args: argparse.Namespace) -> int:
     if args.recalibrate:
         for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
             path.unlink()
-    # CPU ranks share this machine: they are measured together (cores and the gradients' all-reduce shared)
     calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
     logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
     allreduce, allreduce_note = _gradient_allreduce(config, args)

@@ -4,7 +4,7 @@
 # run's data, so that nothing is built there), results packed as they come.
 #
 #   python benchmarks/device_kit.py          # here first
-#   bash benchmarks/device_run.sh            # there, carrying .device; BUDGET and STEPS as in gpu_check.sh
+#   bash benchmarks/device_run.sh            # there, carrying .device; BUDGET, STEPS, TWO_RANK_TOKENS as in gpu_check.sh
 #
 # Leaves gpu-check.tar.gz (every log, JSON, markdown and RESULTS.md with the rewritten sections) and summary.txt
 # in $OUT (the device tool's folder of returned files), else in ./gpu-check-out.

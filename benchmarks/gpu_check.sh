@@ -2,6 +2,9 @@
 # GPU checks on a CUDA machine that already has torch, triton and transformers, as named steps run in
 # order within one time budget, so that a lease of a few minutes returns what matters first:
 #
+#   two_rank    two short training runs on 2 ranks (2 GPUs; skipped, and said so, with fewer): colocated (each
+#               rank target + drafter, DDP over both) and disaggregated 1+1 (a target rank feeding a drafter
+#               rank, grad_accum 2), each with gradient statistics and an eval at its end
 #   drafter     the drafter's training step per attention path (flex, sdpa, dense): tokens/s, peak memory
 #   advise      batchlab-advise's predictions against real runs (tiny configs, 1 GPU)
 #   advise8     the 8-GPU reference shape (one period of layers) predicted from this GPU's calibration
@@ -24,6 +27,7 @@
 # PACK_TO=FILE: OUT packed into FILE (tar.gz) after every step, so that a run cut short still returns its results.
 # RUN_SET="KEY=VALUE ...": batchlab-train overrides for the steps that train (benchmarks/device_run.sh points
 # them at the carried copy of the default run's data, so that nothing is built on the GPU machine).
+# TWO_RANK_TOKENS: the real tokens each of two_rank's runs trains on (default 200000; the CPU test shrinks it).
 #
 # Where hydra-core or datasets is missing, the training steps are skipped, and said so; flash-linear-attention
 # is needed for the fla paths. With no network, put their wheels in a folder and set WHEELS=that/folder
@@ -40,7 +44,7 @@ budget="${BUDGET:-520}"
 device="${DEVICE:-cuda}"
 write=""
 if [ "$device" = cuda ]; then write="--write"; fi
-steps="${STEPS:-drafter advise advise8 tests check throughput train reference}"
+steps="${STEPS:-two_rank drafter advise advise8 tests check throughput train reference}"
 read -r -a run_set <<< "${RUN_SET:-}"
 started=$SECONDS
 if [ -n "${WHEELS:-}" ]; then
@@ -159,6 +163,43 @@ step_reference() {
   return $rc
 }
 
+# Two ranks (on CUDA one a GPU, NCCL, bf16; on the CPU gloo ranks, fp32): the default packed run colocated (each
+# rank target + drafter, DDP over both) and disaggregated 1+1 (a target rank sends its features to a drafter rank,
+# 2 micro-batches a step), TWO_RANK_TOKENS each, gradient statistics every 2nd step, the eval at the end. The two
+# share the step's limit: the first gets half of it, the second what is left.
+step_two_rank() {
+  local tokens="${TWO_RANK_TOKENS:-200000}" began=$SECONDS colocated disaggregated
+  local two_rank_env=() two_rank_set=(strategy=packed "trainer.device=$device" trainer.nproc=2
+    "trainer.stop_tokens=$tokens" "trainer.eval_every_tokens=$tokens" trainer.grad_stats_every=2 trainer.num_workers=2
+    logger=none trainer.progress=false)
+  if [ "$device" = cuda ]; then
+    two_rank_env=(NCCL_DEBUG=WARN)  # a failing collective says why in the run's log
+    two_rank_set+=(trainer.precision=bf16)
+  fi
+  two_rank_run colocated $(($1 / 2)) "two ranks colocated" topology=colocated
+  colocated=$?
+  local left=$(($1 - (SECONDS - began)))
+  two_rank_run disaggregated $((left > 1 ? left : 1)) "two ranks disaggregated 1+1" topology=disaggregated \
+    topology.target_ranks=1 topology.drafter_ranks=1 trainer.grad_accum=2
+  disaggregated=$?
+  if [ "$colocated" = 124 ] || [ "$disaggregated" = 124 ]; then return 124; fi
+  [ "$colocated" = 0 ] && [ "$disaggregated" = 0 ]
+}
+
+# two_rank_run NAME SECONDS LABEL OVERRIDE...: one of two_rank's runs (with step_two_rank's two_rank_env and
+# two_rank_set) in OUT/two-rank-NAME, its log OUT/two_rank_NAME.log, its line in summary.txt; its exit status, 124
+# when its limit stopped it
+two_rank_run() {
+  local name=$1 seconds=$2 label=$3 began=$SECONDS rc
+  shift 3
+  timeout -k 20 "$seconds" env "${two_rank_env[@]}" "$py" -m harness.cli.train "${two_rank_set[@]}" "$@" \
+    "${run_set[@]}" "hydra.run.dir=$out/two-rank-$name" > "$out/two_rank_$name.log" 2>&1
+  rc=$?
+  if [ "$rc" = 137 ] && [ $((SECONDS - began)) -ge "$seconds" ]; then rc=124; fi  # killed 20 s after the SIGTERM
+  summarize_run "$label" "$out/two-rank-$name" "two_rank_$name.log"
+  return $rc
+}
+
 # batchlab-advise on the GPU: its predictions against real runs (tiny configs, 1 GPU; two rounds, so that the
 # ranking is judged only on pairs the round-to-round spread separates)
 step_advise() {
@@ -181,12 +222,25 @@ step_advise8() {
   return $rc
 }
 
-declare -A own_limit=([drafter]=200 [advise]=200 [advise8]=150 [tests]=150 [check]=240 [throughput]=150
-                      [train]=180 [reference]=180)
-declare -A trains=([advise]=1 [advise8]=1 [train]=1 [reference]=1)
+# the CUDA devices torch sees (0 when it cannot say)
+gpu_count() {
+  local count
+  count=$("$py" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null | tail -1)
+  if [[ "$count" =~ ^[0-9]+$ ]]; then echo "$count"; else echo 0; fi
+}
+
+declare -A own_limit=([two_rank]=150 [drafter]=200 [advise]=200 [advise8]=150 [tests]=150 [check]=240
+                      [throughput]=150 [train]=180 [reference]=180)
+declare -A trains=([two_rank]=1 [advise]=1 [advise8]=1 [train]=1 [reference]=1)
 for name in $steps; do
   if [ -z "${own_limit[$name]:-}" ]; then
     note "unknown step '$name' (steps: ${!own_limit[*]})"; status=1; continue
+  fi
+  if [ "$name" = two_rank ] && [ "$device" = cuda ]; then
+    gpus=$(gpu_count)
+    if [ "$gpus" -lt 2 ]; then  # one rank a GPU: NCCL refuses two ranks on one device
+      note "two_rank: skipped, $gpus GPU$([ "$gpus" = 1 ] || echo s) here (needs 2)"; continue
+    fi
   fi
   if [ -n "${trains[$name]:-}" ] && [ "$can_train" = 0 ]; then
     note "$name: skipped, hydra-core, datasets or tokenizers is not installed here (carry their wheels: WHEELS)"

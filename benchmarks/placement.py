@@ -6,6 +6,9 @@
    drafter rank, ``grad_accum=3``: the same 3 micro-batches per optimizer step). Reported: real
    tokens/s end to end and the ratio, the target ranks' busy fraction, the drafter's idle fraction,
    bytes moved per second, and each colocated rank's target and drafter time per micro-batch.
+   Predicted before the runs (``advise_accuracy.predict_placements``): the stage fits calibrated by 3 concurrent
+   ranks and the link measured by two, both placements simulated (``harness/advise/schedule.py``), each
+   run's tokens/s against its prediction.
 2. Modelled (labelled as a model, nothing runs on a GPU): the reference run's shape, the 27B-class
    target and a 5-layer drafter on 8 GPUs, on the ``chat-902k`` lengths at ``max_tokens=16384``.
    Per micro-batch the target stage costs ``a * slots + b * sum(len^2)`` and the drafter stage
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -123,7 +127,21 @@ def model_8gpu(strategies) -> list[dict]:
     return rows
 
 
-def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: float, command: str) -> str:
+def predicted_placements(strategies, tokens: int) -> tuple[dict, str]:
+    """The measured runs predicted before they run (``benchmarks/advise_accuracy.py``'s placement prediction: the
+    stage fits and the link calibrated now, both placements simulated): per strategy colocated on 3 ranks and the
+    2 + 1 split; and the sentence that says how."""
+    from advise_accuracy import prediction_method, predict_placements
+
+    predicted, calibration, link, max_tokens = predict_placements(["trainer.device=cpu"], list(strategies), 3, 2, tokens)
+    target, drafter = calibration.stage_costs()
+    return predicted, prediction_method(calibration, link, max_tokens, target, drafter)
+
+
+def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: float, command: str,
+           predicted: dict, method: str) -> str:
+    from advise_accuracy import placement_table
+
     lines = [TITLE, "", f"`{command}` — {datetime.date.today().isoformat()}, {cpu_model()}, {elapsed / 60:.1f} min.", ""]
     lines.append(
         f"**Measured** (CPU, 3 gloo processes, {tokens:,} real tokens a run, {rounds} interleaved rounds, medians): "
@@ -157,6 +175,11 @@ def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: fl
             f"{med(co, 'time_target'):.3f} / {med(co, 'time_drafter'):.3f} |"
         )
     lines.append("")
+    stages = {s: [(r["target_busy"], r["drafter_idle"]) for r in measured[(s, "disaggregated")]] for s in strategies}
+    table, verdict = placement_table(strategies, predicted, {k: [r["tokens_per_second"] for r in v]
+                                                            for k, v in measured.items()}, stages, "disaggregated")
+    lines += [f"**Predicted against measured** (the same runs, 3 ranks on {os.cpu_count()} cores). " + method, "",
+              table, "", verdict, ""]
     lines.append(
         f"**Modelled, not measured**: {MODEL_GPUS} GPUs, the 27B-class target and a {MODEL_DRAFTER_LAYERS}-layer "
         f"drafter (blocks capped at {MODEL_MAX_BLOCKS} a micro-batch), `chat-902k` at `max_tokens=16384`, stage "
@@ -198,11 +221,13 @@ def main() -> None:
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     started = time.time()
+    predicted, method = predicted_placements(strategies, args.tokens)
     measured = measure(strategies, args.tokens, args.rounds)
     modelled = model_8gpu(strategies)
     command = "python benchmarks/placement.py" + (f" --tokens {args.tokens}" if args.tokens != 100_000 else "") + (
         f" --rounds {args.rounds}" if args.rounds != 2 else "") + (" --write" if args.write else "")
-    section = render(measured, modelled, strategies, args.tokens, args.rounds, time.time() - started, command)
+    section = render(measured, modelled, strategies, args.tokens, args.rounds, time.time() - started, command,
+                     predicted, method)
     print(section)
     if args.write:
         write_section(section, TITLE)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from harness.advise import calibrate as cal
+from harness.advise import link as link_module
+from harness.advise.schedule import LinkCost
 from harness.advise.predict import plan_seconds, predict, recommendation
 from harness.cli import advise as advise_cli
 
@@ -17,6 +19,25 @@ from harness.cli import advise as advise_cli
 TRUE = np.array([1e-4, 1e-8, 5e-5, 2e-2])
 #: the same split in two stages: the target's forward (slots, Σlen², its share of m), the drafter's (blocks, the rest)
 TARGET, DRAFTER = np.array([1e-4, 1e-8, 0.0, 1.5e-2]), np.array([0.0, 0.0, 5e-5, 0.5e-2])
+
+
+#: the split's link as a CPU run of batchlab-advise measures it (stored, as calibrations are in these tests): a
+#: full micro-batch's send, receive and unpack
+STORED_LINK = LinkCost(send=(2e-3, 0.0, 3e-7), receive=(1.5e-3, 0.0, 5e-7), unpack=(3e-4, 0.0, 1e-7))
+
+
+@pytest.fixture(autouse=True)
+def stored_link(monkeypatch):
+    """The command measures the split's link on CPU with two real ranks: these tests give it a stored one, and
+    record what it was asked for."""
+    asked = []
+
+    def fake(config, cache_dir, progress=True):
+        asked.append(config)
+        return STORED_LINK, {"rows": []}
+
+    monkeypatch.setattr(link_module, "calibrate_link", fake)
+    return asked
 
 
 def terms_of(shapes, max_tokens=2048, block_size=8, num_anchors=64):
@@ -491,3 +512,25 @@ def test_a_cached_calibration_is_read_where_measuring_it_would_not_fit(tmp_path,
     assert "more than the 0.0 GiB free on cpu" in capsys.readouterr().err
     monkeypatch.setattr(cal, "is_cached", lambda *a, **k: False)
     assert advise_cli.main(args) == 2
+
+
+def test_on_cpu_the_command_measures_the_link_and_simulates_the_splits(tmp_path, capsys, monkeypatch, stored_link):
+    """Two CPU ranks: the link is measured (here: stored) once, both placements are simulated with it, and the
+    table says so; one rank needs no link."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in np.random.default_rng(3).integers(40, 900, 300)))
+    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: (stored_calibration(), False))
+    args = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path)]
+    assert advise_cli.main([*args, "--world-size", "1"]) == 0 and stored_link == []
+    capsys.readouterr()
+    assert advise_cli.main([*args, "--world-size", "2", "--json"]) == 0
+    assert len(stored_link) == 1
+    result = json.loads(capsys.readouterr().out)
+    placement = result["predictions"][0]["placement"]
+    assert placement["simulated"] is True and [r["split"] for r in placement["splits"]] == ["1+1"]
+    # the link's costs and its protocol's waits only slow a split down against the stage bound
+    bounded = predict(np.loadtxt(lengths).astype(np.int64), [result["predictions"][0]["strategy"]],
+                      stored_calibration(), world_size=2)[0].placement
+    assert placement["splits"][0]["tokens_per_second"] < bounded["splits"][0]["tokens_per_second"]
+    assert advise_cli.main([*args, "--world-size", "2"]) == 0
+    assert "simulated: the link's protocol and measured costs" in capsys.readouterr().out

@@ -342,17 +342,16 @@ def _measurer(config_dict: dict[str, Any],
     and drafter, with the threads a rank of ``env`` gets (its share of the cores; None: one rank). With several
     ranks the step sums the gradients over the process group first, as DDP does."""
     import torch
-    import torch.distributed as dist
 
     from harness.train.batch import BatchCollator
     from harness.train.config import run_config_from_dict
+    from harness.train.distributed import Collectives, RankEnv
     from harness.train.modules import DrafterModel, rank_device
-
-    from harness.train.distributed import RankEnv
 
     config = run_config_from_dict(config_dict)
     env = env or RankEnv()
     all_reduce = env.distributed
+    comm = Collectives(env)
     device = rank_device(config, env)
     model = DrafterModel(config, device)
     optimizer = torch.optim.AdamW(model.parameters, lr=1e-4)
@@ -370,7 +369,7 @@ def _measurer(config_dict: dict[str, Any],
         times, target_times, steps = [], [], []
         for repeat in range(REPEATS + 1):
             if all_reduce:
-                dist.barrier()  # the ranks run each micro-batch together, sharing the cores as in training
+                comm.barrier()  # the ranks run each micro-batch together, sharing the cores as in training
             model.synchronize()
             started = time.perf_counter()
             with torch.no_grad():
@@ -384,10 +383,10 @@ def _measurer(config_dict: dict[str, Any],
             model.synchronize()
             stepped = time.perf_counter()
             if all_reduce:
-                dist.all_reduce(torch.ones(1, dtype=torch.float64))  # the step's loss weight, as the trainer sums it
+                comm.all_reduce_sum(torch.ones(1, dtype=torch.float64))  # the step's loss weight, as the trainer sums it
                 grads = [p.grad for p in model.parameters if p.grad is not None]
                 flat = torch.cat([g.flatten() for g in grads])  # one bucket, as DDP sends a small model's grads
-                dist.all_reduce(flat)
+                comm.all_reduce_sum(flat)
                 torch._utils._unflatten_dense_tensors(flat, grads)
             torch.nn.utils.clip_grad_norm_(model.parameters, 1.0)
             optimizer.step()

@@ -23,8 +23,9 @@ import numpy as np
 from harness.advise.calibrate import Calibration
 
 
-#: a split is recommended only this far above colocated: the stage-time model is an upper bound (perfect overlap,
-#: no transfers), and measured splits fell well short of it (``benchmarks/advise_accuracy.py --placement``)
+#: a split bounded by its slower stage (the link not measured) is recommended only this far above colocated: the
+#: bound assumes perfect overlap and no transfers, and measured splits fell well short of it; a simulated split
+#: (the link measured, :mod:`harness.advise.schedule`) is recommended as soon as it is faster
 SPLIT_MARGIN = 1.10
 
 
@@ -79,9 +80,11 @@ def plan_seconds(plan: Any, calibration: Calibration, allreduce: AllReduce = no_
 def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration, *, world_size: int,
             grad_accum: int = 1, step_tokens: int | None = None, seed: int = 0, tokens: int | None = None,
             strategy_options: dict[str, dict] | None = None, oversize: str = "drop",
-            allreduce: AllReduce = no_allreduce) -> list[Prediction]:
+            allreduce: AllReduce = no_allreduce, link: LinkModel | None = None,
+            run_tokens: float | None = None) -> list[Prediction]:
     """One :class:`Prediction` per strategy, in the order given (deterministic: plans are seeded); ``allreduce``
-    adds the gradients' all-reduce to every step (:func:`ring_allreduce_seconds`)."""
+    adds the gradients' all-reduce to every step (:func:`ring_allreduce_seconds`); ``link``: the placements
+    simulated (:func:`placement`), over a run's first ``run_tokens`` real tokens when given."""
     from strategies import Budget, build_strategy
     from strategies.metrics import plan_metrics
 
@@ -106,29 +109,62 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
             seconds_to_budget=(tokens / rate if tokens and rate > 0 else None),
             placement=placement(plans[0], lambda w, g: strategy.plan(
                 lengths, budget, seed=seed, epoch=0, world_size=w, grad_accum=g, oversize=oversize,
-                step_tokens=step_tokens), calibration, allreduce)))
+                step_tokens=step_tokens), calibration, allreduce, link, run_tokens)))
     return out
 
 
-def placement(plan: Any, make_plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce) -> dict | None:
+@dataclass(frozen=True)
+class LinkModel:
+    """What a split's simulation needs beyond the stage fits (:mod:`harness.advise.schedule`): the measured link
+    and its settings. ``cores`` (None: none shared) is for stage costs measured on a core each; batchlab-advise
+    calibrates CPU ranks as many together as the job runs, so their sharing of the cores is in the costs."""
+
+    cost: Any  # harness.advise.schedule.LinkCost
+    cores: float | None = None
+    max_in_flight: int = 2
+    dispatch: str = "dynamic"
+
+
+def placement(plan: Any, make_plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce,
+              link: LinkModel | None = None, tokens: float | None = None) -> dict | None:
     """Colocated against every target/drafter split of ``plan``'s ranks, on the stage fits (None on one rank);
     the gradients are all-reduced over the ranks that train the drafter (all of them colocated, the drafter
-    ranks of a split)."""
-    from harness.advise.stages import colocated_seconds, splits
+    ranks of a split). With ``link``, both are simulated (:mod:`harness.advise.schedule`; ``tokens``: only a run's
+    first steps up to that many real tokens), else the split is bounded by its slower stage."""
+    from harness.advise.stages import Split, Terms, colocated_seconds, splits
 
     if plan.world_size < 2:
         return None
     target, drafter = calibration.stage_costs()
-    colocated = colocated_seconds(plan, target, drafter, calibration.step_s + allreduce(plan.world_size))
-    rate = float(plan.micro_batch_tokens().sum()) / colocated if colocated > 0 else float("nan")
+    simulate: Any = None
+    if link is None:
+        colocated = colocated_seconds(plan, target, drafter, calibration.step_s + allreduce(plan.world_size))
+        rate = float(plan.micro_batch_tokens().sum()) / colocated if colocated > 0 else float("nan")
+    else:
+        from harness.advise.schedule import simulate_colocated, simulate_split
+
+        terms = Terms.of(plan, drafter.block_size, drafter.num_anchors)
+        rate = simulate_colocated(plan, target.seconds(terms), drafter.seconds(terms),
+                                  calibration.step_s + allreduce(plan.world_size), link.cores, tokens).tokens_per_second
+
+        def replay(drafter_plan: Any, target_ranks: int, step_s: float) -> Split:
+            terms = Terms.of(drafter_plan, drafter.block_size, drafter.num_anchors)
+            run = simulate_split(drafter_plan, target.seconds(terms), drafter.seconds(terms), link.cost, target_ranks,
+                                 step_s, link.cores, link.max_in_flight, link.dispatch, tokens)
+            return Split(target_ranks, drafter_plan.world_size, drafter_plan.grad_accum, run.tokens,
+                         run.epoch_seconds, run.target_busy, 1.0 - run.drafter_waiting)
+
+        simulate = replay
+
     rows = [{"split": s.label, "target_ranks": s.target_ranks, "drafter_ranks": s.drafter_ranks,
              "drafter_grad_accum": s.drafter_grad_accum, "tokens_per_second": s.tokens_per_second,
              "vs_colocated": s.tokens_per_second / rate, "target_busy": s.target_busy, "drafter_busy": s.drafter_busy}
             for s in splits(make_plan, plan.world_size, plan.grad_accum, target, drafter,
-                            lambda drafter_ranks: calibration.step_s + allreduce(drafter_ranks))]
+                            lambda drafter_ranks: calibration.step_s + allreduce(drafter_ranks), simulate)]
     best = max(rows, key=lambda r: r["tokens_per_second"], default=None)
-    return {"colocated_tokens_per_second": rate, "splits": rows,
-            "best": best["split"] if best and best["vs_colocated"] >= SPLIT_MARGIN else "colocated"}
+    margin = 1.0 if link is not None else SPLIT_MARGIN
+    return {"colocated_tokens_per_second": rate, "splits": rows, "simulated": link is not None,
+            "best": best["split"] if best and best["vs_colocated"] >= margin else "colocated"}
 
 
 def recommendation(predictions: list[Prediction], max_recurrence: float = 0.1) -> str:
@@ -159,12 +195,14 @@ def placement_sentence(prediction: Prediction) -> str:
     if not rows:
         return ""
     top = max(rows, key=lambda r: r["tokens_per_second"])
+    simulated = prediction.placement.get("simulated", False)
     balance = (f"target ranks busy {100 * top['target_busy']:.0f}% of the epoch, drafter ranks "
-               f"{100 * top['drafter_busy']:.0f}%; an upper bound: the stages overlapping perfectly, feature transfers "
-               "left out)")
+               f"{100 * top['drafter_busy']:.0f}%; "
+               + ("the link's protocol and measured costs simulated)" if simulated else
+                  "an upper bound: the stages overlapping perfectly, feature transfers left out)"))
     if prediction.placement["best"] != "colocated":
         return (f" Placement: {top['target_ranks']} target + {top['drafter_ranks']} drafter ranks would run "
                 f"{prediction.strategy} at {top['vs_colocated']:.2f}× colocated ({balance}.")
+    under = "" if simulated else f", under the {SPLIT_MARGIN:.2f}× a split must promise"
     return (f" Placement: keep target and drafter colocated; the best split, {top['target_ranks']} target + "
-            f"{top['drafter_ranks']} drafter ranks, would run at {top['vs_colocated']:.2f}×, under the "
-            f"{SPLIT_MARGIN:.2f}× a split must promise ({balance}.")
+            f"{top['drafter_ranks']} drafter ranks, would run at {top['vs_colocated']:.2f}×{under} ({balance}.")

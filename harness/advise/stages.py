@@ -12,8 +12,9 @@ terms of :class:`strategies.CostModel` plus a fixed cost; seconds when calibrate
   optimizer step. With enough micro-batches in flight the two stages overlap and the epoch lasts as long as
   the slower one; ``target_busy`` and ``drafter_busy`` are each stage's share of it.
 
-Feature transfers between the stages are not modelled (on NVLink a micro-batch's tapped layers take a few
-ms; over gloo on one machine measure them: ``benchmarks/placement.py``).
+This is a bound: feature transfers are left out and the stages overlap perfectly. Where the link has been
+measured (:mod:`harness.advise.link`), :mod:`harness.advise.schedule` replays the split's protocol instead
+(credits, polling, a step's micro-batches taken together, the link's costs, cores shared).
 """
 
 from __future__ import annotations
@@ -112,18 +113,26 @@ def split_seconds(drafter_plan: Any, target: StageCost, drafter: StageCost, targ
                  drafter_time / epoch if epoch > 0 else float("nan"))
 
 
-def splits(make_plan: Callable[[int, int], Any], world_size: int, grad_accum: int, target: StageCost,
-           drafter: StageCost, step_s: float | Callable[[int], float] = 0.0) -> list[Split]:
-    """Every split of ``world_size`` ranks whose drafter ranks keep the global batch (``world_size · grad_accum``
-    micro-batches a step), fewest target ranks first; ``make_plan(world_size, grad_accum)`` plans the drafters'
-    epoch; ``step_s``: the step's own time, or a function of the drafter ranks (their all-reduce). An empty
-    list on a single rank."""
+def split_shapes(world_size: int, grad_accum: int) -> list[tuple[int, int, int]]:
+    """``(target ranks, drafter ranks, the drafter ranks' grad_accum)`` of every split of ``world_size`` ranks whose
+    drafter ranks keep the global batch (``world_size · grad_accum`` micro-batches a step), fewest target ranks
+    first (none on a single rank)."""
     micro_batches = world_size * grad_accum
+    return [(t, world_size - t, micro_batches // (world_size - t)) for t in range(1, world_size)
+            if micro_batches % (world_size - t) == 0]
+
+
+def splits(make_plan: Callable[[int, int], Any], world_size: int, grad_accum: int, target: StageCost,
+           drafter: StageCost, step_s: float | Callable[[int], float] = 0.0,
+           simulate: Callable[[Any, int, float], Split] | None = None) -> list[Split]:
+    """Every split of :func:`split_shapes`; ``make_plan(world_size, grad_accum)`` plans the drafters' epoch;
+    ``step_s``: the step's own time, or a function of the drafter ranks (their all-reduce); ``simulate(plan,
+    target_ranks, step_s)``: the split's epoch replayed (:mod:`harness.advise.schedule`) instead of bounded by
+    its slower stage."""
     out = []
-    for target_ranks in range(1, world_size):
-        drafter_ranks = world_size - target_ranks
-        if micro_batches % drafter_ranks == 0:
-            plan = make_plan(drafter_ranks, micro_batches // drafter_ranks)
-            step = step_s(drafter_ranks) if callable(step_s) else step_s
-            out.append(split_seconds(plan, target, drafter, target_ranks, step))
+    for target_ranks, drafter_ranks, drafter_accum in split_shapes(world_size, grad_accum):
+        plan = make_plan(drafter_ranks, drafter_accum)
+        step = step_s(drafter_ranks) if callable(step_s) else step_s
+        out.append(simulate(plan, target_ranks, step) if simulate is not None
+                   else split_seconds(plan, target, drafter, target_ranks, step))
     return out

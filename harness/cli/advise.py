@@ -191,8 +191,15 @@ def advise(args: argparse.Namespace) -> int:
     calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
     logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
     allreduce, allreduce_note = _gradient_allreduce(config, args)
+    link = None
+    if args.device == "cpu" and args.world_size > 1:  # a split's link measured by two ranks, its protocol simulated
+        from harness.advise.link import calibrate_link
+        from harness.advise.predict import LinkModel
+
+        link = LinkModel(calibrate_link(config, cache_dir, progress=not args.json)[0])
     predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
-                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens, allreduce=allreduce)
+                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens, allreduce=allreduce,
+                          link=link)
     paragraph = recommendation(predictions, args.max_recurrence)
     if args.sweep:
         paragraph += " " + measured_evidence(args.sweep)
@@ -299,8 +306,10 @@ def _print_placements(predictions: list, world_size: int) -> None:
     labels = [row["split"] for row in (predictions[0].placement or {}).get("splits", [])] if predictions else []
     if not labels:
         return
-    print(f"placement on {world_size} ranks, target + drafter ranks (× colocated, target ranks busy; modelled on the "
-          "stage fits, an upper bound: perfect overlap, transfers left out):")
+    simulated = (predictions[0].placement or {}).get("simulated", False)
+    print(f"placement on {world_size} ranks, target + drafter ranks (× colocated, target ranks busy; "
+          + ("simulated: the link's protocol and measured costs):" if simulated else
+             "modelled on the stage fits, an upper bound: perfect overlap, transfers left out):"))
     print(f"{'strategy':<16}" + "".join(f"{label:>15}" for label in labels) + f"{'best':>11}")
     for p in predictions:
         cells = "".join(f"{r['vs_colocated']:>7.2f}× ({100 * r['target_busy']:>3.0f}%)" for r in p.placement["splits"])

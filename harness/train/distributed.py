@@ -1,4 +1,4 @@
-"""Ranks: start them, know which one this is, and the few collectives the trainer uses.
+"""Ranks: start them, know which one this is, and the collectives the package uses (:class:`Collectives`).
 
 Three ways a run gets its ranks (torchrun around a Hydra app races on the output directory, and
 ``torchrun ... -m`` sweeps hang at their second job, so Hydra stays outside the ranks):
@@ -108,17 +108,48 @@ def _submitit_env() -> RankEnv | None:
     return RankEnv(job.rank, job.world_size, job.local_rank)
 
 
+#: The process group's backend per device type a run's tensors live on (``torch.distributed``'s backend string).
+#: On CUDA the group carries two backends, NCCL for what lives on the GPU (DDP's gradient buckets, the split
+#: placement's features) and gloo for what lives on the host: the step's loss weight Σw, the consumed-sample
+#: counts, the step statistics, the evaluator's sums, the link's counters and every object gather are built from
+#: the plan on the host and read there right after. NCCL alone would take none of them (every multi-GPU run
+#: stopped at its first step's Σw all-reduce); moving each one to the GPU and back inside Collectives would add two
+#: copies and a stream synchronisation to every small collective, and pickle objects through GPU memory. The cost
+#: of two backends is a second (TCP) connection between the ranks: on a cluster whose hosts reach each other only
+#: over another interface, name it in ``GLOO_SOCKET_IFNAME``.
+BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
+
+
+def process_group_backend(device: str) -> str:
+    """The backend string a run on ``device`` (``cpu`` or ``cuda``) gives ``init_process_group`` (:data:`BACKENDS`)."""
+    try:
+        return BACKENDS[torch.device(device).type]
+    except KeyError:
+        raise ValueError(f"no process group backend for device {device!r}; devices: {', '.join(BACKENDS)}") from None
+
+
+def device_backends(backend: str) -> dict[str, str]:
+    """Which backend takes a tensor on each device type: ``cpu:gloo,cuda:nccl`` -> ``{cpu: gloo, cuda: nccl}``;
+    a single backend takes the devices torch lists for it (``nccl`` -> ``{cuda: nccl}``)."""
+    backend = str(backend).lower()
+    if ":" in backend:
+        return dict(pair.split(":", 1) for pair in backend.split(","))
+    return {device: backend for device in dist.Backend.backend_capability.get(backend, ["cpu"])}
+
+
 def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
-    """Join the job's process group (gloo on CPU, NCCL on CUDA); nothing to do on one rank."""
+    """Join the job's process group (:func:`process_group_backend`: gloo on CPU; gloo and NCCL on CUDA); nothing to
+    do on one rank."""
     if not env.distributed or dist.is_initialized():
         return
-    backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
+        # every CUDA call of this rank without an explicit device (NCCL's communicators, torch.empty(device="cuda"),
+        # object collectives) lands on its own GPU; threads start on device 0 again (the link's receivers set theirs)
         torch.cuda.set_device(env.local_rank)
         # NCCL's watchdog aborts a collective that outlives the timeout and ends this process (torch elastic's
         # agent sets the same; a plain srun launch does not): a lost peer never leaves a rank spinning on the GPU
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(process_group_backend(device), timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def destroy_process_group() -> None:
@@ -165,24 +196,47 @@ class Interrupted(RuntimeError):
 
 
 class Collectives:
-    """The trainer's collectives over ``group`` (None: the whole job); identity on one rank.
+    """The only way the package calls a collective (``tests/test_collectives.py`` scans for any other): over
+    ``group`` (None: the whole job), identity on one rank.
 
-    ``env`` is the rank's place in that group (a disaggregated run's drafter ranks form their own group,
-    see :mod:`harness.train.topology`).
+    ``env`` is the rank's place in that group (a disaggregated run's drafter ranks form their own group, see
+    :mod:`harness.train.topology`). Each tensor goes to the group's backend for the device it lives on
+    (:data:`BACKENDS`); one on a device the group has no backend for is refused before the call, naming the
+    collective and the device, and a result keeps its input's dtype and device.
     """
 
     def __init__(self, env: RankEnv, group: Any = None) -> None:
         self.env = env
         self.group = group
+        self._backends: dict[str, str] | None = None  # read from the group at the first collective
+
+    def _check(self, collective: str, tensor: torch.Tensor) -> torch.Tensor:
+        if self._backends is None:
+            self._backends = device_backends(dist.get_backend_config(self.group))
+        if tensor.device.type not in self._backends:
+            raise RuntimeError(
+                f"{collective} of a {tensor.dtype} tensor on {tensor.device}: this process group's backends "
+                f"({', '.join(f'{d}: {b}' for d, b in self._backends.items())}) take no tensor on a "
+                f"{tensor.device.type} device; build it on one of those (harness.train.distributed.BACKENDS)")
+        return tensor
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.env.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+            dist.all_reduce(self._check("all_reduce_sum", tensor), op=dist.ReduceOp.SUM, group=self.group)
         return tensor
+
+    def all_reduce_sum_future(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """An asynchronous in-place SUM whose future holds ``[tensor]`` (a DDP communication hook's all-reduce)."""
+        if not self.env.distributed:
+            future: torch.futures.Future = torch.futures.Future()
+            future.set_result([tensor])
+            return future
+        return dist.all_reduce(self._check("all_reduce_sum_future", tensor), op=dist.ReduceOp.SUM,
+                               group=self.group, async_op=True).get_future()
 
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.env.distributed:
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+            dist.all_reduce(self._check("all_reduce_max", tensor), op=dist.ReduceOp.MAX, group=self.group)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -190,14 +244,14 @@ class Collectives:
         if not self.env.distributed:
             return tensor[None].clone()
         gathered = [torch.empty_like(tensor) for _ in range(self.env.world_size)]
-        dist.all_gather(gathered, tensor, group=self.group)
+        dist.all_gather(gathered, self._check("all_gather", tensor), group=self.group)
         return torch.stack(gathered)
 
     def all_gather_object(self, value: Any) -> list[Any]:
         if not self.env.distributed:
             return [value]
         gathered: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(gathered, value, group=self.group)
+        dist.all_gather_object(gathered, value, group=self.group)  # torch picks the group's host backend for objects
         return gathered
 
     def barrier(self) -> None:

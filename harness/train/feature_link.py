@@ -35,6 +35,8 @@ end is :class:`harness.train.feature_receiver.DrafterLink`, the target end
 
 from __future__ import annotations
 
+import math
+import pickle
 import threading
 import time
 from typing import Any
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from harness.models.target import TargetFeatures
 from strategies import Plan
 
 HEADER_FIELDS = ("kind", "epoch", "index", "meta_bytes", "rows", "cols", "dtype", "busy_ns", "elapsed_ns",
@@ -51,6 +54,9 @@ HEADER_INDEX = {name: i for i, name in enumerate(HEADER_FIELDS)}
 KIND_BATCH, KIND_KEEPALIVE, KIND_END = 0, 1, 2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TAG_HEADER, TAG_META, TAG_FEATURES = 101, 102, 103
+#: a rank waiting on the store (a credit, a plan) checks again after a pause that starts here and doubles up to
+#: POLL_MAX_S: a credit is seen up to that late (``harness.advise.schedule`` simulates these pauses)
+POLL_FIRST_S, POLL_MAX_S = 2e-4, 0.01
 PREFIX = "batchlab/topology/"
 
 
@@ -138,3 +144,28 @@ class Silence:
 def link_device(device: torch.device) -> torch.device:
     """NCCL sends device tensors only; gloo sends host tensors."""
     return device if device.type == "cuda" else torch.device("cpu")
+
+
+def encode(batch: Any, tapped: torch.Tensor | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A micro-batch as the link sends it: the pickled batch (uint8) and the real tokens' features ``[N, taps ×
+    hidden]`` gathered from the target's ``tapped`` output (None for an empty micro-batch), on ``device``."""
+    features = None
+    if tapped is not None:
+        features = batch.drafter.documents.gather(tapped.to(device)).contiguous()
+    meta = torch.frombuffer(bytearray(pickle.dumps(batch)), dtype=torch.uint8).to(device)
+    return meta, features
+
+
+def decode(meta: torch.Tensor) -> Any:
+    """The batch :func:`encode` pickled."""
+    return pickle.loads(meta.cpu().numpy().tobytes())
+
+
+def unpack(batch: Any, rows: torch.Tensor, layer_ids: list[int], hidden_size: int) -> TargetFeatures:
+    """The real tokens' features ``rows`` back in the batch's token shape, one tensor a tapped layer (pads zero:
+    the drafter never reads them)."""
+    shape = tuple(batch.drafter.token_shape)
+    full = rows.new_zeros(math.prod(shape), rows.shape[1])
+    full.index_copy_(0, batch.drafter.documents.source_index.to(rows.device), rows)
+    full = full.view(*shape, rows.shape[1])
+    return TargetFeatures(layer_ids=list(layer_ids), hidden_states=list(full.split(hidden_size, dim=-1)))

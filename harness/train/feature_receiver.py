@@ -32,9 +32,11 @@ from harness.train.feature_link import (
     Heartbeat,
     PeerLost,
     WorkOrder,
+    decode,
     job_store,
     link_device,
     store_key,
+    unpack,
 )
 from harness.train.features import SourceInputs, StepBatches
 from harness.train.status import describe, read_statuses
@@ -112,7 +114,7 @@ class DrafterLink:
                                                device=self.link_device)
                         dist.recv(features, src=target, tag=TAG_FEATURES)
                         received += features.numel() * features.element_size()
-                    batch = pickle.loads(meta.cpu().numpy().tobytes())
+                    batch = decode(meta)
                 with self._cond:
                     self._last_message[target] = time.monotonic()
                     self._bytes += received
@@ -156,16 +158,8 @@ class DrafterLink:
         self.store.add(store_key("credit", target, self.rank), 1)  # the sender may send one more on this link
         batch = batch.to(self.device)
         if features is not None:
-            features = self._unpack(batch, features.to(self.device, non_blocking=True))
+            features = unpack(batch, features.to(self.device, non_blocking=True), self.layer_ids, self.hidden_size)
         return dataclasses.replace(batch, features=features)
-
-    def _unpack(self, batch: TrainingBatch, rows: torch.Tensor) -> TargetFeatures:
-        """The real tokens' features back in the batch's token shape (pads zero: the drafter never reads them)."""
-        shape = tuple(batch.drafter.token_shape)
-        full = rows.new_zeros(math.prod(shape), rows.shape[1])
-        full.index_copy_(0, batch.drafter.documents.source_index.to(rows.device), rows)
-        full = full.view(*shape, rows.shape[1])
-        return TargetFeatures(layer_ids=list(self.layer_ids), hidden_states=list(full.split(self.hidden_size, dim=-1)))
 
     # ---------------------------------------------------------------- what the Trainer calls
     def _publish(self, epoch: int, plan: Plan, start_step: int, first_global_step: int) -> None:

@@ -23,12 +23,15 @@ from harness.train.feature_link import (
     KIND_BATCH,
     KIND_END,
     KIND_KEEPALIVE,
+    POLL_FIRST_S,
+    POLL_MAX_S,
     TAG_FEATURES,
     TAG_HEADER,
     TAG_META,
     PeerLost,
     Silence,
     WorkOrder,
+    encode,
     job_store,
     link_device,
     store_key,
@@ -65,11 +68,13 @@ class TargetProducer:
         self.last_sent = {d: time.monotonic() for d in self.drafters}
         self.keepalive = min(5.0, self.topology.peer_timeout_s / 4)
         self.step = 0
+        # the samples first (the job built their cache before starting its ranks), while the drafter ranks build
+        # their trainer: the first micro-batch is then ready sooner after the drafter ranks start waiting for it
+        samples = load_samples(config.data, progress=False)
         setup = pickle.loads(self._wait_for(store_key("setup"), "the drafter's setup"))
         self.rows = setup["rows"]
         self.tap_layer_ids = setup["tap_layer_ids"]
         self.first_epoch = setup["first_epoch"]
-        samples = load_samples(config.data, progress=False)  # the job built the cache before starting its ranks
         self.collate = BatchCollator(samples, **setup["collate"])
 
     # ---------------------------------------------------------------- waiting, with liveness
@@ -94,7 +99,7 @@ class TargetProducer:
 
     def _poll(self, ready: Callable[[], bool], waiting_on: int | None, what: str) -> bool:
         """Wait until ``ready()``; False if the drafter ranks asked to stop first."""
-        pause, last_tick = 2e-4, time.monotonic()
+        pause, last_tick = POLL_FIRST_S, time.monotonic()
         while not ready():
             if self._stopped():
                 return False
@@ -102,7 +107,7 @@ class TargetProducer:
                 self._idle_tick(waiting_on, what)
                 last_tick = time.monotonic()
             time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+            pause = min(pause * 2, POLL_MAX_S)
         return True
 
     def _wait_for(self, key: str, what: str) -> bytes:
@@ -137,13 +142,11 @@ class TargetProducer:
         self.status.stage("target_forward", self.step)
         indices = plan.micro_batch(step, drafter, accum)
         batch = self.collate(self.rows[indices], plan.lengths[indices], plan.epoch)
-        features = None
+        tapped = None
         if not batch.empty:
             tapped = self.target(batch.tokens.to(self.device), gdn_backend=self.config.trainer.gdn_backend,
-                                 tap_layer_ids=self.tap_layer_ids)
-            # the real tokens only, taps side by side: [N, taps * hidden]
-            features = batch.drafter.documents.gather(tapped.concatenated().to(self.link_device)).contiguous()
-        meta = torch.frombuffer(bytearray(pickle.dumps(batch)), dtype=torch.uint8).to(self.link_device)
+                                 tap_layer_ids=self.tap_layer_ids).concatenated()
+        meta, features = encode(batch, tapped, self.link_device)  # the real tokens only, taps side by side
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.busy += time.perf_counter() - started

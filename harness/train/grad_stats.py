@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 
 @dataclass
@@ -44,7 +43,7 @@ class BucketNorms:
     active: bool = False
     local_sq: dict[int, float] = field(default_factory=dict)
     global_sq: dict[int, float] = field(default_factory=dict)
-    group: Any = None  # the process group DDP reduces over (None: the whole job)
+    comm: Any = None  # the Collectives of the group DDP reduces over (None: one rank, nothing to reduce)
 
     def start(self) -> None:
         self.active = True
@@ -72,7 +71,7 @@ def summing_comm_hook(state, bucket):  # no annotations: DDP checks them, and th
     buffer = bucket.buffer()
     if state.active:
         state.local_sq.update(_squared_norms(bucket))
-    future = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=state.group, async_op=True).get_future()
+    future = state.comm.all_reduce_sum_future(buffer)
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
@@ -162,7 +161,7 @@ class GradientStatistics:
         self.parameters = parameters
         self.comm = comm
         self.every = every
-        self.bucket_norms = BucketNorms(group=comm.group)
+        self.bucket_norms = BucketNorms(comm=comm)
         self.noise = GradientNoise(ema)
         self.last_diversity = math.nan
         self.last_noise_scale = math.nan

@@ -138,3 +138,20 @@ def test_the_link_is_measured_by_two_ranks_fitted_and_cached(tmp_path, batchlab_
     assert 0 < send[0] < 0.5 and 0 < receive[0] < 0.5 and 0 <= unpack[0] < 0.5
     again, _ = calibrate_link(config, tmp_path, progress=False)
     assert again == cost  # read from the cache, nothing measured
+
+
+def test_ranks_calibrating_together_count_every_ranks_runs(batchlab_cache):
+    """With more ranks than cores the scheduler decides which rank gets a core first: the calibration keeps every
+    rank's runs of a shape (the median is a typical rank's), not rank 0's alone."""
+    from harness.advise.calibrate import REPEATS, Shape, _concurrent_rank
+    from harness.train.config import compose_run_config
+    from harness.train.distributed import launch
+
+    config = compose_run_config(["experiment=smoke", "trainer.max_tokens=256", "logger=none",
+                                 "trainer.threads_per_rank=1"])
+    shapes = [Shape("packed", (128, 128)), Shape("padded", (64, 64))]
+    results = launch(_concurrent_rank, (config, shapes), 2, run_id="test-concurrent-calibration")
+    assert len(results) == len(shapes)
+    for times, target_times, step_s in results:
+        assert len(times) == len(target_times) == 2 * REPEATS  # both ranks' runs
+        assert all(0 < u < t for t, u in zip(times, target_times)) and step_s > 0

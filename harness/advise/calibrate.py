@@ -36,7 +36,7 @@ import numpy as np
 from harness.data import cache
 from strategies.cost import drafter_blocks
 
-FORMAT_VERSION = 2  # 2: the target and drafter stages timed and fitted apart
+FORMAT_VERSION = 3  # 2: the target and drafter stages timed and fitted apart; 3: every concurrent rank's runs
 CACHE_SUBDIR = "advise"
 #: shapes timed per calibration, and runs of each (after one warm-up run)
 REPEATS = 3
@@ -194,7 +194,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
 
     ``local_ranks > 1`` (CPU ranks sharing this machine): that many processes measure every shape at the same
     time, each with its share of the cores, and their optimizer step includes the all-reduce of the drafter's
-    gradients over gloo, as the training ranks do; rank 0's times are kept."""
+    gradients over gloo, as the training ranks do; every rank's runs of a shape count."""
     trainer = config_dict["trainer"]
     drafter = config_dict["drafter"]
     machine, final = _cache_entry(config_dict, cache_dir, local_ranks)
@@ -318,14 +318,25 @@ def _name(shape: Shape) -> str:
 
 def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], list[float], float]]:
     """One of the ranks measuring together (started by torch elastic): every shape after a barrier, the step
-    with the gradients' all-reduce."""
-    from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
+    with the gradients' all-reduce; returns every rank's runs of each shape together (the median is then a
+    typical rank's: with more ranks than cores, which one gets a core first is the scheduler's choice, and one
+    rank's own times can be those of a rank that mostly had a core to itself), and the ranks' median step."""
+    from harness.train.distributed import (
+        Collectives,
+        RankEnv,
+        destroy_process_group,
+        external_launch_env,
+        init_process_group,
+    )
 
     env = external_launch_env() or RankEnv()
     init_process_group(env, config_dict["trainer"]["device"], 600)
     try:
         measure = _measurer(config_dict, env)
-        return [measure(shape) for shape in shapes]
+        mine = [measure(shape) for shape in shapes]
+        ranks = Collectives(env).all_gather_object(mine)
+        return [([t for rank in ranks for t in rank[i][0]], [t for rank in ranks for t in rank[i][1]],
+                 statistics.median(rank[i][2] for rank in ranks)) for i in range(len(shapes))]
     finally:
         destroy_process_group()
 

@@ -261,11 +261,11 @@ for _name, _at in (("all_reduce", 0), ("all_gather", 1), ("all_gather_object", N
 '''
 
 # small enough for a few seconds of training on 2 cores; gradient statistics on every step (the DDP hook's
-# all-reduce), eval mid-run and at the end, consumed samples recorded
+# all-reduce), the held-out eval at the end, consumed samples recorded
 TWO_RANKS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.num_workers=0",
              "trainer.threads_per_rank=1", "trainer.max_tokens=512", "trainer.grad_accum=2",
-             "trainer.stop_tokens=4000", "trainer.eval_every_tokens=2000", "trainer.eval_real_prompts=2",
-             "trainer.eval_real_new_tokens=4", "trainer.grad_stats_every=1", "trainer.checkpoint_every_steps=1000",
+             "trainer.stop_tokens=3000", "trainer.eval_every_tokens=3000", "trainer.eval_real_prompts=0",
+             "trainer.grad_stats_every=1", "trainer.checkpoint_every_steps=1000",
              "trainer.record_consumed=true", "trainer.nproc=2"]
 
 

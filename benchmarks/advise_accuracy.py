@@ -8,10 +8,12 @@ strategy trains for real, rounds interleaved; the table gives predicted and meas
 real tokens/s, the error, and both rankings. Goal: every strategy within ±10 %, the same ranking.
 
 ``--placement``: the disaggregated placement instead (``--split T+D``, default 1 target rank + 1 drafter rank,
-one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks, predict the
-split against colocated on ``T + D`` ranks (:mod:`harness.advise.stages`), then each strategy trains both ways,
-rounds interleaved; the table gives the predicted and measured ratio of the split to colocated and the
-split's tokens/s.
+one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks, and the link
+measured by two ranks (:mod:`harness.advise.link`) predict both placements over each run's first steps, replayed
+micro-batch by micro-batch (:mod:`harness.advise.schedule`); then each strategy trains both ways, rounds
+interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
+(goal: the split within ±15%), the ratio of the two, and whether the placements' measured order is predicted
+where their rounds do not overlap.
 
     python benchmarks/advise_accuracy.py                        # print the table
     python benchmarks/advise_accuracy.py --write                # also rewrite its section of RESULTS.md

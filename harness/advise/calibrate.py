@@ -354,7 +354,6 @@ def _measurer(config_dict: dict[str, Any],
     ranks the step sums the gradients over the process group first, as DDP does."""
     import torch
 
-    from harness.train.batch import BatchCollator
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import Collectives, RankEnv
     from harness.train.modules import DrafterModel, rank_device
@@ -370,13 +369,7 @@ def _measurer(config_dict: dict[str, Any],
     drafter = model.drafter
 
     def measure(shape: Shape) -> tuple[list[float], list[float], float]:
-        samples = _synthetic_samples(shape.lengths, vocab)
-        collate = BatchCollator(samples, shape.layout, block_size=drafter.block_size,
-                                num_anchors=config.drafter_config.num_anchors, mask_token_id=drafter.mask_token_id,
-                                loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.drafter_config.max_blocks,
-                                anchor_seed=0)
-        rows = np.arange(len(shape.lengths))
-        batch = collate(rows, np.asarray(shape.lengths), epoch=0).to(device)
+        batch = shape_batch(shape, config, drafter, vocab).to(device)
         times, target_times, steps = [], [], []
         for repeat in range(REPEATS + 1):
             if all_reduce:
@@ -416,6 +409,18 @@ def _measurer(config_dict: dict[str, Any],
         return times, target_times, statistics.median(steps)
 
     return measure
+
+
+def shape_batch(shape: Shape, config: Any, drafter: Any, vocab: int) -> Any:
+    """The host :class:`~harness.train.batch.TrainingBatch` of one design shape, collated as the run collates (its
+    drafter's blocks, anchors and mask token), on synthetic samples."""
+    from harness.train.batch import BatchCollator
+
+    collate = BatchCollator(_synthetic_samples(shape.lengths, vocab), shape.layout, block_size=drafter.block_size,
+                            num_anchors=config.drafter_config.num_anchors, mask_token_id=drafter.mask_token_id,
+                            loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.drafter_config.max_blocks,
+                            anchor_seed=0)
+    return collate(np.arange(len(shape.lengths)), np.asarray(shape.lengths), epoch=0)
 
 
 def _synthetic_samples(lengths: tuple[int, ...], vocab: int) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.advise.calibrate import CACHE_SUBDIR, REPEATS, _synthetic_samples, design, fit, machine_identity
+from harness.advise.calibrate import CACHE_SUBDIR, REPEATS, _write_atomic, design, fit, machine_identity, shape_batch
 from harness.advise.schedule import LinkCost
 from harness.data import cache
 
@@ -51,7 +51,7 @@ def calibrate_link(config_dict: dict[str, Any], cache_dir: Path, progress: bool 
     path = Path(cache_dir) / CACHE_SUBDIR / f"link-{link_key(config_dict)}.json"
     if path.is_file():
         values = json.loads(path.read_text())
-        return LinkCost(**{k: tuple(v) for k, v in values["cost"].items()}), values
+        return _cost(values), values
     if progress:
         print("batchlab-advise: measuring the split placement's link (2 ranks)", flush=True)
     started = time.time()
@@ -61,15 +61,16 @@ def calibrate_link(config_dict: dict[str, Any], cache_dir: Path, progress: bool 
             for part in ("send", "receive", "unpack")}
     values = {"cost": cost, "rows": rows, "seconds": time.time() - started}
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".tmp{os.getpid()}")
-    temporary.write_text(json.dumps(values, indent=1))
-    os.replace(temporary, path)
-    return LinkCost(**{k: tuple(v) for k, v in cost.items()}), values
+    _write_atomic(path, values)
+    return _cost(values), values
+
+
+def _cost(values: dict) -> LinkCost:
+    return LinkCost(**{part: tuple(coefficients) for part, coefficients in values["cost"].items()})
 
 
 def _link_rank(config_dict: dict[str, Any]) -> list[dict]:
     """Rank 0 plays a drafter rank, rank 1 a target rank; rank 0 returns a row per shape."""
-    from harness.train.batch import BatchCollator
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
     from harness.train.modules import DrafterModel, rank_device
@@ -85,11 +86,7 @@ def _link_rank(config_dict: dict[str, Any]) -> list[dict]:
         vocab = int(model.target.embed_tokens.num_embeddings)
         rows = []
         for shape in design(config.trainer.max_tokens, drafter.block_size):
-            collate = BatchCollator(_synthetic_samples(shape.lengths, vocab), shape.layout,
-                                    block_size=drafter.block_size, num_anchors=config.drafter_config.num_anchors,
-                                    mask_token_id=drafter.mask_token_id, loss_decay_gamma=drafter.loss_decay_gamma,
-                                    max_blocks=config.drafter_config.max_blocks, anchor_seed=0)
-            batch = collate(np.arange(len(shape.lengths)), np.asarray(shape.lengths), epoch=0)
+            batch = shape_batch(shape, config, drafter, vocab)
             if env.rank == 1:
                 end.send(batch)
             else:
@@ -133,11 +130,8 @@ class _End:
             meta, features = link.encode(batch, tapped, self.wire)
             self._synchronize()
             self.store.add(link.store_key("link", "credit"), 0)  # the in-flight count the header carries
-            header = torch.zeros(len(link.HEADER_FIELDS), dtype=torch.int64, device=self.wire)
-            for name, value in (("meta_bytes", meta.numel()), ("rows", features.shape[0]),
-                                ("cols", features.shape[1]), ("dtype", link.DTYPES.index(features.dtype))):
-                header[link.HEADER_INDEX[name]] = value
-            dist.send(header, dst=0, tag=link.TAG_HEADER)
+            dist.send(link.header({"kind": link.KIND_BATCH, **link.payload_fields(meta, features)}, self.wire), dst=0,
+                      tag=link.TAG_HEADER)
             dist.send(meta, dst=0, tag=link.TAG_META)
             dist.send(features, dst=0, tag=link.TAG_FEATURES)
             elapsed = time.perf_counter() - started
@@ -156,12 +150,7 @@ class _End:
                 header = torch.empty(len(link.HEADER_FIELDS), dtype=torch.int64, device=self.wire)
                 dist.recv(header, src=1, tag=link.TAG_HEADER)
                 started = time.perf_counter()
-                h = header.tolist()
-                meta = torch.empty(h[link.HEADER_INDEX["meta_bytes"]], dtype=torch.uint8, device=self.wire)
-                dist.recv(meta, src=1, tag=link.TAG_META)
-                features = torch.empty(h[link.HEADER_INDEX["rows"]], h[link.HEADER_INDEX["cols"]],
-                                       dtype=link.DTYPES[h[link.HEADER_INDEX["dtype"]]], device=self.wire)
-                dist.recv(features, src=1, tag=link.TAG_FEATURES)
+                meta, features = link.receive_payload(header.tolist(), 1, self.wire)
                 got.update(batch=link.decode(meta), features=features, seconds=time.perf_counter() - started)
 
             thread = threading.Thread(target=receive, name="batchlab-link-measure")

@@ -106,7 +106,7 @@ class _Machine:
         self._tasks: dict[int, list] = {}  # id -> [remaining seconds of own speed, process, owner]
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._ids = itertools.count()
-        self.busy: dict[Any, float] = {}  # owner -> wall seconds spent working
+        self.busy: dict[Any, float] = {}  # process -> wall seconds with work
 
     def start(self, process: Generator) -> None:
         self._resume(process)
@@ -138,25 +138,25 @@ class _Machine:
     def _at(self, time: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time, next(self._ids), callback))
 
-    def _rates(self) -> dict[int, float]:
-        """Each running task's speed: a process's tasks take turns on its interpreter lock, and the processes with
-        work share the cores."""
+    def _rates(self) -> tuple[dict[int, float], dict[Any, int]]:
+        """Each running task's speed (a process's tasks take turns on its interpreter lock, and the processes with
+        work share the cores), and each working process's count of running tasks."""
         processes: dict[Any, int] = {}
         for task in self._tasks.values():
             processes[task[2]] = processes.get(task[2], 0) + 1
         machine = 1.0 if self.cores is None or not processes else min(1.0, self.cores / len(processes))
-        return {key: machine / processes[task[2]] for key, task in self._tasks.items()}
+        return {key: machine / processes[task[2]] for key, task in self._tasks.items()}, processes
 
     def run(self) -> None:
         while self._tasks or self._timers:
-            rates = self._rates()
+            rates, processes = self._rates()
             next_done = min((t[0] / rates[k] for k, t in self._tasks.items()), default=np.inf)
             next_timer = self._timers[0][0] - self.now if self._timers else np.inf
             step = max(min(next_done, next_timer), 0.0)
             for key, task in self._tasks.items():
                 task[0] -= step * rates[key]
-                self.busy[task[2]] = self.busy.get(task[2], 0.0) + step / len([t for t in self._tasks.values()
-                                                                               if t[2] == task[2]])
+            for process in processes:
+                self.busy[process] = self.busy.get(process, 0.0) + step
             self.now += step
             for key in [k for k, t in self._tasks.items() if t[0] <= 1e-12]:
                 _, process, _ = self._tasks.pop(key)
@@ -223,10 +223,10 @@ def simulate_split(drafter_plan: Any, target_s: np.ndarray, drafter_s: np.ndarra
     plan, drafters, steps = drafter_plan, drafter_plan.world_size, _steps(drafter_plan, tokens)
     order = WorkOrder(plan, 0, drafters)
     slots = plan.rank_step_slots()
-    tokens, computed = plan.micro_batch_tokens().astype(np.float64), plan.micro_batch_slots().astype(np.float64)
-    send_s, receive_s, unpack_s = link.seconds(tokens, computed)
-    # the plan's slot of every work-order number
-    # (step, accumulation slot, drafter rank) of every micro-batch the simulated steps run, in work order
+    send_s, receive_s, unpack_s = link.seconds(plan.micro_batch_tokens().astype(np.float64),
+                                               plan.micro_batch_slots().astype(np.float64))
+    # (step, accumulation slot, drafter rank) of every micro-batch the simulated steps run, in work order, and the
+    # plan's slot of each
     items = [item for item in (order.item(n) for n in range(len(order))) if item[0] < steps]
     flat = np.array([plan.micro_batch_index(step, d, accum) for step, accum, d in items], dtype=np.int64)
     machine = _Machine(cores)

@@ -156,6 +156,31 @@ def encode(batch: Any, tapped: torch.Tensor | None, device: torch.device) -> tup
     return meta, features
 
 
+def payload_fields(meta: torch.Tensor, features: torch.Tensor | None) -> dict[str, int]:
+    """The header fields that size what :func:`encode` made: the pickled batch's bytes, the features' shape, dtype."""
+    rows, cols = features.shape if features is not None else (0, 0)
+    return {"meta_bytes": meta.numel(), "rows": rows, "cols": cols,
+            "dtype": DTYPES.index(features.dtype) if features is not None else 0}
+
+
+def header(values: dict[str, int], device: torch.device) -> torch.Tensor:
+    """The fixed int64 header, :data:`HEADER_FIELDS` in order (a field not given: 0)."""
+    return torch.tensor([int(values.get(name, 0)) for name in HEADER_FIELDS], dtype=torch.int64, device=device)
+
+
+def receive_payload(h: list[int], src: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pickled batch and the features (None when there are none) that header values ``h`` announce, received
+    from rank ``src`` on ``device``."""
+    meta = torch.empty(h[HEADER_INDEX["meta_bytes"]], dtype=torch.uint8, device=device)
+    dist.recv(meta, src=src, tag=TAG_META)
+    features = None
+    if h[HEADER_INDEX["rows"]] > 0:
+        features = torch.empty(h[HEADER_INDEX["rows"]], h[HEADER_INDEX["cols"]], dtype=DTYPES[h[HEADER_INDEX["dtype"]]],
+                               device=device)
+        dist.recv(features, src=src, tag=TAG_FEATURES)
+    return meta, features
+
+
 def decode(meta: torch.Tensor) -> Any:
     """The batch :func:`encode` pickled."""
     return pickle.loads(meta.cpu().numpy().tobytes())

@@ -21,20 +21,18 @@ from harness.models.target import TargetFeatures
 from harness.train.batch import BatchCollator, TrainingBatch
 from harness.train.config import TopologyConfig
 from harness.train.feature_link import (
-    DTYPES,
     HEADER_FIELDS,
     HEADER_INDEX,
     KIND_BATCH,
     KIND_END,
-    TAG_FEATURES,
     TAG_HEADER,
-    TAG_META,
     Heartbeat,
     PeerLost,
     WorkOrder,
     decode,
     job_store,
     link_device,
+    receive_payload,
     store_key,
     unpack,
 )
@@ -106,14 +104,9 @@ class DrafterLink:
                 received = header.numel() * 8
                 batch, features = None, None
                 if kind == KIND_BATCH:
-                    meta = torch.empty(h[HEADER_INDEX["meta_bytes"]], dtype=torch.uint8, device=self.link_device)
-                    dist.recv(meta, src=target, tag=TAG_META)
-                    received += meta.numel()
-                    if h[HEADER_INDEX["rows"]] > 0:
-                        features = torch.empty(h[HEADER_INDEX["rows"]], h[HEADER_INDEX["cols"]], dtype=DTYPES[h[HEADER_INDEX["dtype"]]],
-                                               device=self.link_device)
-                        dist.recv(features, src=target, tag=TAG_FEATURES)
-                        received += features.numel() * features.element_size()
+                    meta, features = receive_payload(h, target, self.link_device)
+                    received += meta.numel() + (features.numel() * features.element_size() if features is not None
+                                                else 0)
                     batch = decode(meta)
                 with self._cond:
                     self._last_message[target] = time.monotonic()

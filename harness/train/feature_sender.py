@@ -18,8 +18,6 @@ import torch.distributed as dist
 from harness.train.batch import BatchCollator
 from harness.train.config import RunConfig
 from harness.train.feature_link import (
-    DTYPES,
-    HEADER_FIELDS,
     KIND_BATCH,
     KIND_END,
     KIND_KEEPALIVE,
@@ -32,8 +30,10 @@ from harness.train.feature_link import (
     Silence,
     WorkOrder,
     encode,
+    header,
     job_store,
     link_device,
+    payload_fields,
     store_key,
 )
 from harness.train.status import RankStatus, describe, read_statuses
@@ -119,14 +119,12 @@ class TargetProducer:
         return self.sent[drafter] - int(self.store.add(store_key("credit", self.rank, drafter), 0))
 
     # ---------------------------------------------------------------- sending
-    def _send_header(self, drafter: int, kind: int, epoch: int = -1, index: int = -1, meta_bytes: int = 0,
-                     rows: int = 0, cols: int = 0, dtype: int = 0, in_flight: int = 0) -> None:
-        values = {"kind": kind, "epoch": epoch, "index": index, "meta_bytes": meta_bytes, "rows": rows, "cols": cols,
-                  "dtype": dtype, "busy_ns": int(self.busy * 1e9),
+    def _send_header(self, drafter: int, kind: int, epoch: int = -1, index: int = -1, in_flight: int = 0,
+                     payload: dict[str, int] | None = None) -> None:
+        values = {"kind": kind, "epoch": epoch, "index": index, **(payload or {}), "busy_ns": int(self.busy * 1e9),
                   "elapsed_ns": int((time.perf_counter() - self.started) * 1e9), "in_flight": in_flight,
                   "sent": self.sent[drafter]}
-        header = torch.tensor([values[name] for name in HEADER_FIELDS], dtype=torch.int64, device=self.link_device)
-        self._send(header, drafter, TAG_HEADER)
+        self._send(header(values, self.link_device), drafter, TAG_HEADER)
         self.last_sent[drafter] = time.monotonic()
 
     def _send(self, tensor: torch.Tensor, drafter: int, tag: int) -> None:
@@ -152,9 +150,7 @@ class TargetProducer:
         self.busy += time.perf_counter() - started
         self.status.stage("send", self.step)
         self.sent[drafter] += 1
-        rows, cols = (features.shape if features is not None else (0, 0))
-        self._send_header(drafter, KIND_BATCH, epoch, index, meta.numel(), rows, cols,
-                          DTYPES.index(features.dtype) if features is not None else 0, self._in_flight(drafter))
+        self._send_header(drafter, KIND_BATCH, epoch, index, self._in_flight(drafter), payload_fields(meta, features))
         self._send(meta, drafter, TAG_META)
         if features is not None:
             self._send(features, drafter, TAG_FEATURES)

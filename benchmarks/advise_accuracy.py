@@ -8,7 +8,7 @@ strategy trains for real, rounds interleaved; the table gives predicted and meas
 real tokens/s, the error, and both rankings. Goal: every strategy within ±10 %, the same ranking.
 
 ``--placement``: the disaggregated placement instead (``--split T+D``, default 1 target rank + 1 drafter rank,
-one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks, and the link
+one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks (at most one a core; the simulation shares the cores among the processes computing), and the link
 measured by two ranks (:mod:`harness.advise.link`) predict both placements over each run's first steps, replayed
 micro-batch by micro-batch (:mod:`harness.advise.schedule`); then each strategy trains both ways, rounds
 interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
@@ -188,11 +188,17 @@ def placement_check(args: argparse.Namespace) -> None:
     device = [f"trainer.device={args.device}", *args.set]
     tokens = args.tokens // 2
     started = time.time()
-    predicted, calibration, link, max_tokens = predict_placements(device, strategies, world, target_ranks, tokens)
+    predicted: list[dict] = []  # per round: each strategy's prediction from that round's own calibration
+    methods: list[tuple] = []
     measured: dict[tuple[str, str], list[float]] = {}
     stages: dict[str, list[tuple[float, float]]] = {}  # the split's measured target busy and drafter waiting
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
+            # calibrated afresh each round, just before its runs: a shared machine's speed drifts by more than the
+            # goal over the minutes of a benchmark, and a round's runs are compared with its own prediction
+            round_predicted, *method = predict_placements(device, strategies, world, target_ranks, tokens)
+            predicted.append(round_predicted)
+            methods.append(tuple(method))
             order = [(s, p) for s in strategies for p in layouts]
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
                 overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
@@ -205,11 +211,11 @@ def placement_check(args: argparse.Namespace) -> None:
                 if placement == "disaggregated":
                     stages.setdefault(strategy, []).append(
                         (statistics.mean(summary["topology_target_busy_fraction"]), summary["data_wait_fraction"]))
-                print(f"round {round_index} {strategy} {placement}: {summary['tokens_per_second']:,.0f} tok/s",
-                      flush=True)
+                key = "tokens_per_second" if placement == "disaggregated" else "colocated"
+                print(f"round {round_index} {strategy} {placement}: {summary['tokens_per_second']:,.0f} tok/s, "
+                      f"predicted {round_predicted[strategy][key]:,.0f}", flush=True)
     elapsed = time.time() - started
     table, verdict = placement_table(strategies, predicted, measured, stages, "disaggregated")
-    target, drafter = calibration.stage_costs()
     section = (
         f"{PLACEMENT_TITLE}\n\n"
         f"Command: `python benchmarks/advise_accuracy.py --placement --write` (split {args.split}, tokens={tokens}, "
@@ -219,7 +225,7 @@ def placement_check(args: argparse.Namespace) -> None:
         f"Embedded default data, tiny target and drafter, {world} gloo ranks: colocated on {world} ranks against "
         f"{target_ranks} target rank(s) + {drafter_ranks} drafter rank(s) (`grad_accum={world // drafter_ranks}`, "
         f"the same {world} micro-batches a step), every run {tokens:,} real tokens. "
-        + prediction_method(calibration, link, max_tokens, target, drafter) + "\n\n" + table + "\n\n" + verdict + "\n"
+        + prediction_method(methods) + "\n\n" + table + "\n\n" + verdict + "\n"
     )
     print(section)
     if args.write:
@@ -232,61 +238,92 @@ SPLIT_GOAL = 0.15
 def predict_placements(device: list[str], strategies: list[str], world: int, target_ranks: int,
                        tokens: int) -> tuple[dict, object, object, int]:
     """Every strategy's predicted colocated and ``target_ranks`` split tokens/s over a run's first ``tokens`` real
-    tokens: the stage fits calibrated now by as many concurrent CPU ranks as the runs have (batchlab-advise's rule:
-    their sharing of the cores is in the costs), the link measured now by two ranks, the placements simulated
-    (``harness/advise/schedule.py``)."""
+    tokens: the stage fits calibrated now by as many concurrent CPU ranks as the runs have, up to one a core
+    (batchlab-advise's rule, :func:`harness.advise.predict.calibration_ranks`), the link measured now by two ranks,
+    the placements simulated (``harness/advise/schedule.py``) with the processes sharing the cores."""
     from harness.advise.link import calibrate_link
-    from harness.advise.predict import LinkModel, predict
+    from harness.advise.predict import LinkModel, calibration_ranks, predict
     from harness.train.config import compose_run_config
 
-    config, lengths, calibration = calibrated(device, local_ranks=world if "trainer.device=cuda" not in device else 1)
+    on_cpu = "trainer.device=cuda" not in device
+    config, lengths, calibration = calibrated(device, local_ranks=calibration_ranks(world, "cpu" if on_cpu else "cuda"))
     with tempfile.TemporaryDirectory() as scratch:  # measured now, never from the cache
         cost, _ = calibrate_link(compose_run_config(["logger=none", "trainer.progress=false", *device]), Path(scratch))
-    link = LinkModel(cost, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
+    cores = float(os.cpu_count() or 1) if on_cpu else None
+    link = LinkModel(cost, cores=cores, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
     label = f"{target_ranks}+{world - target_ranks}"
     predicted = {}
     for p in predict(lengths, strategies, calibration, world_size=world, step_tokens=config.trainer.step_tokens,
-                     seed=config.seed, link=link, run_tokens=tokens):
+                     seed=config.seed, link=link, run_tokens=tokens, cores=cores):
         split = next(r for r in p.placement["splits"] if r["split"] == label)
         predicted[p.strategy] = {"colocated": p.placement["colocated_tokens_per_second"], **split}
     return predicted, calibration, link, config.trainer.max_tokens
 
 
-def prediction_method(calibration, link, max_tokens: int, target, drafter) -> str:
-    send, receive, unpack = link.cost.seconds(np.array([max_tokens]), np.array([max_tokens]))
+def prediction_method(methods: list[tuple]) -> str:
+    """How the rounds' predictions were made: ``methods`` holds each round's ``(calibration, link, max_tokens)`` as
+    :func:`predict_placements` returns them."""
+    target_ms, drafter_ms, send_ms, receive_ms, unpack_ms = [], [], [], [], []
+    for calibration, link, max_tokens in methods:
+        target, drafter = calibration.stage_costs()
+        send, receive, unpack = link.cost.seconds(np.array([max_tokens]), np.array([max_tokens]))
+        target_ms.append(1e3 * (target.a * max_tokens + target.m))
+        drafter_ms.append(1e3 * drafter.c)
+        send_ms.append(1e3 * send[0])
+        receive_ms.append(1e3 * receive[0])
+        unpack_ms.append(1e3 * unpack[0])
+
+    def spread(values: list[float], digits: int = 1) -> str:
+        return (f"{values[0]:.{digits}f}" if len(values) == 1 else
+                f"{min(values):.{digits}f}–{max(values):.{digits}f}")
+
+    ranks = methods[0][0].machine["local_ranks"]
     return (
-        f"Predicted before the runs from a calibration by {calibration.machine['local_ranks']} concurrent ranks "
-        f"(the target {1e3 * target.a * max_tokens:.1f} ms per full micro-batch of slots + {1e3 * target.m:.1f} ms; "
-        f"the drafter {1e3 * drafter.c:.2f} ms a block + {1e3 * drafter.m:.1f} ms) and the link measured by two ranks "
-        f"(`harness/advise/link.py`; a full micro-batch: send {1e3 * send[0]:.1f} ms, receive {1e3 * receive[0]:.1f} ms, "
-        f"unpack {1e3 * unpack[0]:.1f} ms), both placements simulated micro-batch by micro-batch "
+        f"Predicted before each round's runs from a calibration measured at the start of that round by {ranks} "
+        f"concurrent ranks (over the rounds: the target {spread(target_ms)} ms per full micro-batch of slots, the "
+        f"drafter {spread(drafter_ms, 2)} ms a block) and the link measured by two ranks (`harness/advise/link.py`; a "
+        f"full micro-batch: send {spread(send_ms)} ms, receive {spread(receive_ms)} ms, unpack {spread(unpack_ms)} ms), "
+        "both placements simulated micro-batch by micro-batch "
         "(`harness/advise/schedule.py`: credits seen at the poll's ticks, a step's micro-batches taken together, "
-        "a drafter rank's receiving thread taking turns with its loop) over the runs' own first steps; nothing measured "
-        "in the runs below was used to fit anything. Measured: the runs' `tokens_per_second`, median over rounds."
+        f"a drafter rank's receiving thread taking turns with its loop, the processes computing at each moment "
+        f"sharing the {os.cpu_count()} cores) over the runs' own first steps; nothing measured "
+        "in the runs below was used to fit anything. Each round's runs are compared with that round's prediction (a "
+        "shared machine's speed drifts by more than the goal over a benchmark's minutes); the table gives medians over "
+        "rounds: predicted, measured (the runs' `tokens_per_second`) and the error of each round."
     )
 
 
-def placement_table(strategies, predicted, measured, stages, split_key: str) -> tuple[str, str]:
+def placement_table(strategies, predicted: list[dict], measured, stages, split_key: str) -> tuple[str, str]:
     """The table of predicted against measured placements and its verdict lines (the ±15% goal on the split, the
-    order of the placements wherever their measured rounds do not overlap)."""
+    order of the placements wherever their measured rounds do not overlap). ``predicted[r]``: round ``r``'s
+    predictions, compared with the ``r``-th measured run of each placement; each error is the median over rounds of
+    a round's prediction against its measurement."""
     rows, errors, split_errors, ordered, separated = [], [], [], 0, 0
     for s in strategies:
-        p = predicted[s]
         co_runs, split_runs = measured[(s, "colocated")], measured[(s, split_key)]
+        rounds = [p[s] for p in predicted]
+        if len(rounds) != len(co_runs) or len(rounds) != len(split_runs):
+            raise ValueError(f"{s}: {len(rounds)} rounds predicted, {len(co_runs)} colocated and "
+                             f"{len(split_runs)} split runs measured")
         co, split = statistics.median(co_runs), statistics.median(split_runs)
-        co_error, split_error = p["colocated"] / co - 1, p["tokens_per_second"] / split - 1
+        co_predicted = statistics.median(p["colocated"] for p in rounds)
+        split_predicted = statistics.median(p["tokens_per_second"] for p in rounds)
+        co_error = statistics.median(p["colocated"] / m - 1 for p, m in zip(rounds, co_runs))
+        split_error = statistics.median(p["tokens_per_second"] / m - 1 for p, m in zip(rounds, split_runs))
         errors.append(abs(co_error))
         split_errors.append(abs(split_error))
         apart = min(split_runs) > max(co_runs) or min(co_runs) > max(split_runs)
         if apart:
             separated += 1
-            ordered += (p["tokens_per_second"] > p["colocated"]) == (split > co)
+            ordered += (split_predicted > co_predicted) == (split > co)
         busy, waiting = (statistics.median(b for b, _ in stages[s]), statistics.median(w for _, w in stages[s]))
+        target_busy = statistics.median(p["target_busy"] for p in rounds)
+        drafter_waiting = statistics.median(1 - p["drafter_busy"] for p in rounds)
         rows.append(
-            f"| {s} | {p['colocated']:,.0f} | {co:,.0f} | {100 * co_error:+.1f}% | {p['tokens_per_second']:,.0f} | "
+            f"| {s} | {co_predicted:,.0f} | {co:,.0f} | {100 * co_error:+.1f}% | {split_predicted:,.0f} | "
             f"{split:,.0f} | {100 * split_error:+.1f}% | {'PASS' if abs(split_error) <= SPLIT_GOAL else 'FAIL'} | "
-            f"{p['vs_colocated']:.2f}× | {split / co:.2f}× | {'yes' if apart else 'no'} | "
-            f"{100 * p['target_busy']:.0f}% / {100 * (1 - p['drafter_busy']):.0f}% | "
+            f"{split_predicted / co_predicted:.2f}× | {split / co:.2f}× | {'yes' if apart else 'no'} | "
+            f"{100 * target_busy:.0f}% / {100 * drafter_waiting:.0f}% | "
             f"{100 * busy:.0f}% / {100 * waiting:.0f}% |")
     table = ("| strategy | colocated tok/s, predicted | measured | error | split tok/s, predicted | measured | error | "
              f"within ±{100 * SPLIT_GOAL:.0f}% | split / colocated, predicted | measured | rounds apart | "

@@ -6,8 +6,8 @@
    drafter rank, ``grad_accum=3``: the same 3 micro-batches per optimizer step). Reported: real
    tokens/s end to end and the ratio, the target ranks' busy fraction, the drafter's idle fraction,
    bytes moved per second, and each colocated rank's target and drafter time per micro-batch.
-   Predicted before the runs (``advise_accuracy.predict_placements``): the stage fits calibrated by 3 concurrent
-   ranks and the link measured by two, both placements simulated (``harness/advise/schedule.py``), each
+   Predicted before each round's runs (``advise_accuracy.predict_placements``): the stage fits calibrated by
+   concurrent ranks, one a core (on 2 cores, the 3 processes are simulated sharing them), and the link measured by two, both placements simulated (``harness/advise/schedule.py``), each
    run's tokens/s against its prediction.
 2. Modelled (labelled as a model, nothing runs on a GPU): the reference run's shape, the 27B-class
    target and a 5-layer drafter on 8 GPUs, on the ``chat-902k`` lengths at ``max_tokens=16384``.
@@ -66,13 +66,18 @@ def _mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def measure(strategies, tokens: int, rounds: int) -> dict[tuple[str, str], list[dict]]:
+def measure(strategies, tokens: int, rounds: int,
+            before_round=None) -> dict[tuple[str, str], list[dict]]:
+    """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_round(r)`` runs first in
+    each round (the round's own prediction)."""
     from harness.train.config import compose_run_config as compose
     from harness.train.run import run
 
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(rounds):
+            if before_round is not None:
+                before_round(round_index)
             order = [(s, p) for s in strategies for p in PLACEMENTS]
             for strategy, placement in (order if round_index % 2 == 0 else order[::-1]):
                 overrides = [f"strategy={strategy}", *PLACEMENTS[placement], "logger=none", "trainer.progress=false",
@@ -127,20 +132,19 @@ def model_8gpu(strategies) -> list[dict]:
     return rows
 
 
-def predicted_placements(strategies, tokens: int) -> tuple[dict, str]:
+def predicted_placements(strategies, tokens: int) -> tuple[dict, tuple]:
     """The measured runs predicted before they run (``benchmarks/advise_accuracy.py``'s placement prediction: the
     stage fits and the link calibrated now, both placements simulated): per strategy colocated on 3 ranks and the
-    2 + 1 split; and the sentence that says how."""
-    from advise_accuracy import prediction_method, predict_placements
+    2 + 1 split; and what ``advise_accuracy.prediction_method`` says how with."""
+    from advise_accuracy import predict_placements
 
     predicted, calibration, link, max_tokens = predict_placements(["trainer.device=cpu"], list(strategies), 3, 2, tokens)
-    target, drafter = calibration.stage_costs()
-    return predicted, prediction_method(calibration, link, max_tokens, target, drafter)
+    return predicted, (calibration, link, max_tokens)
 
 
 def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: float, command: str,
-           predicted: dict, method: str) -> str:
-    from advise_accuracy import placement_table
+           predicted: list[dict], methods: list[tuple]) -> str:
+    from advise_accuracy import placement_table, prediction_method
 
     lines = [TITLE, "", f"`{command}` — {datetime.date.today().isoformat()}, {cpu_model()}, {elapsed / 60:.1f} min.", ""]
     lines.append(
@@ -178,7 +182,7 @@ def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: fl
     stages = {s: [(r["target_busy"], r["drafter_idle"]) for r in measured[(s, "disaggregated")]] for s in strategies}
     table, verdict = placement_table(strategies, predicted, {k: [r["tokens_per_second"] for r in v]
                                                             for k, v in measured.items()}, stages, "disaggregated")
-    lines += [f"**Predicted against measured** (the same runs, 3 ranks on {os.cpu_count()} cores). " + method, "",
+    lines += [f"**Predicted against measured** (the same runs, 3 ranks on {os.cpu_count()} cores). " + prediction_method(methods), "",
               table, "", verdict, ""]
     lines.append(
         f"**Modelled, not measured**: {MODEL_GPUS} GPUs, the 27B-class target and a {MODEL_DRAFTER_LAYERS}-layer "
@@ -221,13 +225,20 @@ def main() -> None:
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     started = time.time()
-    predicted, method = predicted_placements(strategies, args.tokens)
-    measured = measure(strategies, args.tokens, args.rounds)
+    predicted: list[dict] = []
+    methods: list[tuple] = []
+
+    def predict_round(round_index: int) -> None:  # noqa: ARG001 - calibrated afresh each round (prediction_method)
+        round_predicted, method = predicted_placements(strategies, args.tokens)
+        predicted.append(round_predicted)
+        methods.append(method)
+
+    measured = measure(strategies, args.tokens, args.rounds, predict_round)
     modelled = model_8gpu(strategies)
     command = "python benchmarks/placement.py" + (f" --tokens {args.tokens}" if args.tokens != 100_000 else "") + (
         f" --rounds {args.rounds}" if args.rounds != 2 else "") + (" --write" if args.write else "")
     section = render(measured, modelled, strategies, args.tokens, args.rounds, time.time() - started, command,
-                     predicted, method)
+                     predicted, methods)
     print(section)
     if args.write:
         write_section(section, TITLE)

@@ -4,6 +4,7 @@ match an independent sum over the plan, the recommendation, and one-line errors.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -179,13 +180,14 @@ def test_the_recommendation_prefers_the_fastest_diverse_strategy():
     (["--set", "trainer.max_tokens=4096"], "trainer.max_tokens is this command's --max-tokens; use that option"),
     (["--experiment", "reference_8gpu", "--target", "tiny"], "sets its own target and drafter; change them with --set"),
     (["--allreduce-gbps", "400"], "--allreduce-gbps 400.0: only with --device cuda (CPU ranks are calibrated together"),
-    # one copy would fit in 16 GiB, but the 8 CPU ranks that calibrate together each hold one
+    # one copy would fit in 16 GiB, but the 8 CPU ranks that calibrate together (on 8 cores) each hold one
     (["--experiment", "reference_8gpu", "--set", "target.num_hidden_layers=4", "--set", "target.vocab_size=1024",
       "--dtype", "bf16", "--world-size", "8"],
      "GiB for its weights alone at bf16 on each of the 8 CPU ranks that calibrate together"),
 ])
 def test_bad_input_is_one_line(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cal, "available_bytes", lambda device: 16 * 2**30)  # the 27B target never fits, anywhere
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)  # as many cores as ranks: all 8 calibrate together
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("\n".join(["100", "200", "5000"]))
     args = ["--lengths", str(lengths), "--max-tokens", "1024", "--cache-dir", str(tmp_path / "cache"), *argv]
@@ -418,10 +420,28 @@ def test_an_experiments_shape_is_calibrated_colocated_and_its_splits_modelled(tm
     assert (config["drafter"]["num_hidden_layers"], config["drafter"]["block_size"]) == (5, 16)
     assert config["topology"]["name"] == "colocated" and config["trainer"]["nproc"] == 1
     assert (config["trainer"]["precision"], config["trainer"]["max_tokens"]) == ("bf16", 4096)
-    assert seen["local_ranks"] == 8  # on CPU the 8 ranks share the machine: measured together
+    # on CPU the ranks share the machine: measured together, one a core (more are simulated sharing the cores)
+    assert seen["local_ranks"] == min(8, os.cpu_count())
     result = json.loads(capsys.readouterr().out)
     assert [r["split"] for r in result["predictions"][0]["placement"]["splits"]] == ["4+4", "6+2", "7+1"]
     assert "Placement:" in result["recommendation"]
+
+
+def test_more_cpu_ranks_than_cores_are_calibrated_a_core_each_and_predicted_sharing_them():
+    """A job of more CPU ranks than cores calibrates one rank a core; its predicted steps last as long as every
+    rank's share of the cores makes them (world / cores times a rank's own time), and on GPUs one rank calibrates."""
+    from harness.advise.predict import calibration_ranks, plan_seconds
+    from strategies import Budget, build_strategy
+
+    assert (calibration_ranks(3, "cpu", cores=2), calibration_ranks(2, "cpu", cores=2)) == (2, 2)
+    assert (calibration_ranks(1, "cpu", cores=2), calibration_ranks(8, "cuda", cores=2)) == (1, 1)
+    calibration = stored_calibration(max_tokens=1024, block_size=16, num_anchors=512)
+    lengths = np.random.default_rng(3).integers(50, 1000, 300)
+    plan = build_strategy("packed").plan(lengths, Budget(1024), seed=0, epoch=0, world_size=4, grad_accum=1)
+    alone = plan_seconds(plan, calibration)
+    np.testing.assert_allclose(plan_seconds(plan, calibration, cores=2), 2 * alone, rtol=1e-12)
+    np.testing.assert_allclose(plan_seconds(plan, calibration, cores=4), alone, rtol=1e-12)
+    np.testing.assert_allclose(plan_seconds(plan, calibration, cores=8), alone, rtol=1e-12)
 
 
 def test_blocks_are_counted_as_the_drafter_runs_them_capped_a_micro_batch():

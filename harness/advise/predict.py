@@ -67,24 +67,28 @@ def ring_allreduce_seconds(gradient_bytes: float, bus_gbps: float) -> AllReduce:
     return seconds
 
 
-def plan_seconds(plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce) -> np.ndarray:
+def plan_seconds(plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce,
+                 cores: float | None = None) -> np.ndarray:
     """``[steps]``: the predicted time of every optimizer step of ``plan`` (its slowest rank, plus the step and
-    the gradients' all-reduce)."""
+    the gradients' all-reduce); ``cores``: CPU ranks measured a core each, more ranks than cores share them
+    (every rank computing, each at ``cores / world_size`` of its speed)."""
     from strategies.balance import rank_costs
 
     costs = calibration.micro_batch_cost().micro_batch(plan)  # blocks capped at the drafter's max_blocks
     per_rank = rank_costs(costs.reshape(plan.num_steps, -1), plan.world_size, plan.grad_accum)
-    return per_rank.max(axis=1) + calibration.step_s + allreduce(plan.world_size)
+    shared = max(1.0, plan.world_size / cores) if cores else 1.0
+    return (per_rank.max(axis=1) + calibration.step_s) * shared + allreduce(plan.world_size)
 
 
 def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration, *, world_size: int,
             grad_accum: int = 1, step_tokens: int | None = None, seed: int = 0, tokens: int | None = None,
             strategy_options: dict[str, dict] | None = None, oversize: str = "drop",
             allreduce: AllReduce = no_allreduce, link: LinkModel | None = None,
-            run_tokens: float | None = None) -> list[Prediction]:
+            run_tokens: float | None = None, cores: float | None = None) -> list[Prediction]:
     """One :class:`Prediction` per strategy, in the order given (deterministic: plans are seeded); ``allreduce``
     adds the gradients' all-reduce to every step (:func:`ring_allreduce_seconds`); ``link``: the placements
-    simulated (:func:`placement`), over a run's first ``run_tokens`` real tokens when given."""
+    simulated (:func:`placement`), over a run's first ``run_tokens`` real tokens when given; ``cores``: CPU ranks
+    calibrated a core each (:func:`calibration_ranks`), shared by more ranks than cores."""
     from strategies import Budget, build_strategy
     from strategies.metrics import plan_metrics
 
@@ -95,7 +99,7 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
         plans = [strategy.plan(lengths, budget, seed=seed, epoch=epoch, world_size=world_size, grad_accum=grad_accum,
                                oversize=oversize, step_tokens=step_tokens) for epoch in (0, 1)]
         metrics = plan_metrics(plans[0], next_epoch_plan=plans[1], cost_model=calibration.cost_model())
-        seconds = float(plan_seconds(plans[0], calibration, allreduce).sum())
+        seconds = float(plan_seconds(plans[0], calibration, allreduce, cores).sum())
         real = float(plans[0].lengths[plans[0].kept_indices()].sum())
         rate = real / seconds if seconds > 0 else float("nan")
         out.append(Prediction(
@@ -116,13 +120,25 @@ def predict(lengths: np.ndarray, strategies: list[str], calibration: Calibration
 @dataclass(frozen=True)
 class LinkModel:
     """What a split's simulation needs beyond the stage fits (:mod:`harness.advise.schedule`): the measured link
-    and its settings. ``cores`` (None: none shared) is for stage costs measured on a core each; batchlab-advise
-    calibrates CPU ranks as many together as the job runs, so their sharing of the cores is in the costs."""
+    and its settings. ``cores`` (None: a device each) is for stage costs measured a core each: batchlab-advise
+    calibrates CPU ranks as many together as the job runs, up to one a core (:func:`calibration_ranks`), and
+    the simulation shares the cores among the processes computing at each moment. A split's processes do not
+    all compute at once (a drafter rank waiting for features leaves its core to the target ranks), so costs
+    measured with every rank sharing the cores would charge them a contention the split does not have."""
 
     cost: Any  # harness.advise.schedule.LinkCost
     cores: float | None = None
     max_in_flight: int = 2
     dispatch: str = "dynamic"
+
+
+def calibration_ranks(world_size: int, device: str, cores: int | None = None) -> int:
+    """How many ranks calibrate together for a job of ``world_size`` ranks: on CPU as many as the job runs, up to
+    one a core (each with a core's share of the threads; more ranks than cores are simulated sharing them), on a
+    GPU one."""
+    import os
+
+    return min(world_size, cores or os.cpu_count() or 1) if device == "cpu" else 1
 
 
 def placement(plan: Any, make_plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce,

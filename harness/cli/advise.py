@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,7 +93,7 @@ def advise(args: argparse.Namespace) -> int:
 
     import strategies
     from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, is_cached, target_bytes
-    from harness.advise.predict import predict, recommendation
+    from harness.advise.predict import calibration_ranks, predict, recommendation
     from harness.cli.overrides import check_override, group_options
     from harness.cli.plan import select_strategies
     from harness.data.config import DataConfig
@@ -174,8 +175,9 @@ def advise(args: argparse.Namespace) -> int:
             raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
                              f"{target_name}: {error}") from None
     # CPU ranks share this machine and are measured together (cores and the gradients' all-reduce shared), each
-    # with its own copy of the target
-    local_ranks = args.world_size if args.device == "cpu" else 1
+    # with its own copy of the target, up to one a core (more ranks than cores are simulated sharing them)
+    local_ranks = calibration_ranks(args.world_size, args.device)
+    cores = float(os.cpu_count() or 1) if args.device == "cpu" else None
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     weights, free = target_bytes(config), available_bytes(args.device)
     if weights * local_ranks > free and (args.recalibrate or not is_cached(config, cache_dir, local_ranks)):
@@ -196,10 +198,10 @@ def advise(args: argparse.Namespace) -> int:
         from harness.advise.link import calibrate_link
         from harness.advise.predict import LinkModel
 
-        link = LinkModel(calibrate_link(config, cache_dir, progress=not args.json)[0])
+        link = LinkModel(calibrate_link(config, cache_dir, progress=not args.json)[0], cores=cores)
     predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
                           step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens, allreduce=allreduce,
-                          link=link)
+                          link=link, cores=cores)
     paragraph = recommendation(predictions, args.max_recurrence)
     if args.sweep:
         paragraph += " " + measured_evidence(args.sweep)

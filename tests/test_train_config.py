@@ -10,10 +10,10 @@ from hydra.errors import ConfigCompositionException
 from train_support import REPO, compose_config, sweep_params
 
 from harness.train.config import run_config_from_dict, strategy_schemas
-from harness.train.build import build_trainer
+from harness.train.loop.build import build_trainer
 from harness.train.distributed import Collectives, RankEnv
-from harness.train.epoch_data import EpochData
-from harness.train.topology import place
+from harness.train.loop.epoch_data import EpochData
+from harness.train.placement.registry import place
 from strategies import available_strategies, report_order, strategy_class
 
 

@@ -79,6 +79,19 @@ def test_bad_values_are_refused_before_any_work(override, message):
         run_config_from_dict(config)
 
 
+def test_an_unknown_placement_is_refused_where_the_run_is_prepared_naming_the_nearest(tmp_path):
+    """The config leaves placement names to the registry above it; the run refuses one before any process or
+    file, naming the registered placements and the nearest."""
+    from harness.train.launch.run import BadInput, run
+
+    config = compose_config(["topology.name=colocatd"])
+    run_config_from_dict(config)  # the config itself takes any name
+    with pytest.raises(BadInput, match=r"topology.name='colocatd' is not one of \['colocated', 'disaggregated'\]; "
+                                       r"did you mean 'colocated'\?"):
+        run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("experiment", ["strategies", "strategies_smoke"])
 def test_the_strategy_sweeps_cover_every_registered_strategy_in_report_order(experiment):
     assert sweep_params([f"experiment={experiment}"]) == {"strategy": ",".join(report_order()), "seed": "0,1,2"}

@@ -21,7 +21,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.cli.errors import OneLineParser, add_verbose, full_errors
+from harness.command_errors import OneLineParser, add_verbose, full_errors
 
 from analysis.load import SweepError, load_sweeps
 

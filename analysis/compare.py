@@ -1,7 +1,7 @@
 """Numbers of the report, all recomputed from the step histories: per run, per strategy, across seeds.
 
 Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the averages over steps are
-:func:`harness.train.summary.step_averages`, the same function that writes them into ``summary.json``):
+:func:`harness.step_averages.step_averages`, the same function that writes them into ``summary.json``):
 
 - ``tokens_per_second`` = Σ real_tokens / Σ step_time over the run's steps (real, non-pad tokens).
 - ``relative_throughput`` = that / the same seed's ``sorted`` run (``sorted`` is the reference; the
@@ -49,7 +49,7 @@ from analysis.stats import (
     step_rate_checks,
     surviving_sentence,
 )
-from harness.train.summary import step_averages
+from harness.step_averages import step_averages
 
 REFERENCE = "sorted"
 
@@ -138,7 +138,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
     rows = []
     for _, run in sweep.runs.iterrows():
         history = steps[steps["run"] == run["run"]].sort_values("step")
-        # the per-run averages the trainer's summary.json also holds: one definition, harness.train.summary
+        # the per-run averages the trainer's summary.json also holds: one definition, harness.train.loop.summary
         averages = step_averages(history.to_dict("records"), recurrence=rec_column)
         target_busy, drafter_idle = _stage_means(history)
         rows.append({

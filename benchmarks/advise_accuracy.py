@@ -74,7 +74,7 @@ def main() -> None:
 
     from harness.advise.predict import predict
     from harness.train.config import compose_run_config as compose
-    from harness.train.run import run
+    from harness.train.launch.run import run
     from strategies import report_order
 
     strategies = args.strategies.split(",") if args.strategies else report_order()
@@ -152,7 +152,7 @@ def calibrated(device: list[str], local_ranks: int) -> tuple:
     from harness.advise.calibrate import calibrate
     from harness.data.samples import load_samples
     from harness.train.config import compose_run_config, run_config_from_dict
-    from harness.train.epoch_data import select_rows
+    from harness.train.loop.epoch_data import select_rows
 
     config_dict = compose_run_config(["logger=none", "trainer.progress=false", *device])
     config = run_config_from_dict(config_dict)
@@ -174,7 +174,7 @@ def machine(device: str) -> str:
 def placement_check(args: argparse.Namespace) -> None:
     """Predicted and measured ``--split`` against colocated, per strategy (module docstring)."""
     from harness.train.config import compose_run_config as compose
-    from harness.train.run import run
+    from harness.train.launch.run import run
     from strategies import report_order
 
     strategies = args.strategies.split(",") if args.strategies else report_order()

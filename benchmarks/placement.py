@@ -71,7 +71,7 @@ def measure(strategies, tokens: int, rounds: int,
     """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_round(r)`` runs first in
     each round (the round's own prediction)."""
     from harness.train.config import compose_run_config as compose
-    from harness.train.run import run
+    from harness.train.launch.run import run
 
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:

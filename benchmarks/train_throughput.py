@@ -42,7 +42,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from harness.train.config import compose_run_config as compose
-    from harness.train.run import run
+    from harness.train.launch.run import run
 
     from strategies import report_order
 

@@ -74,8 +74,11 @@ arguments: same ``(seed, epoch)`` → the same plan (random streams from
 ``SeedSequence([seed, epoch, purpose])``), so resuming is ``plan(...).rank_steps(rank, start_step)``.
 """
 
+from ._assemble import MicroBatches  # what a strategy's micro_batches() returns (the plugin API)
+from ._random import Purpose, generator  # a strategy's seeded random choices (the plugin API)
 from .balance import RankBalance
 from .base import CliOption, Strategy
+from .builtin import padded_fill  # fill padded micro-batches in a given order (the plugin API)
 from .builtin import (
     DEFAULT_NUM_BUCKETS,
     BucketedStrategy,
@@ -125,4 +128,8 @@ __all__ = [
     "PackedStrategy",
     "LengthGroupedStrategy",
     "DEFAULT_NUM_BUCKETS",
+    "MicroBatches",
+    "Purpose",
+    "generator",
+    "padded_fill",
 ]

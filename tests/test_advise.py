@@ -499,7 +499,7 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     import torch
 
     from harness.train.config import compose_run_config, run_config_from_dict
-    from harness.train.modules import DrafterModel
+    from harness.train.rank_models import DrafterModel
 
     config = compose_run_config(["logger=none"])
     model = DrafterModel(run_config_from_dict(config), torch.device("cpu"))  # the real one, built as a run builds it

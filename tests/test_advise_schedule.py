@@ -10,7 +10,7 @@ import pytest
 
 from harness.advise.schedule import LinkCost, _Event, _Machine, simulate_colocated, simulate_split
 from harness.advise.stages import StageCost, Terms, colocated_seconds, split_seconds
-from harness.train.feature_link import POLL_FIRST_S, POLL_MAX_S
+from harness.train.placement.link import POLL_FIRST_S, POLL_MAX_S
 from strategies import Budget, build_strategy
 
 LENGTHS = np.random.default_rng(7).lognormal(5, 0.7, 300).astype(np.int64).clip(20, 1000)

@@ -181,7 +181,7 @@ def test_ids_beyond_the_targets_vocabulary_name_the_setting(chat_tokenizer, tmp_
 def test_a_training_run_on_the_embedded_chat_corpus(tmp_path, batchlab_cache):
     from train_support import compose_config
 
-    from harness.train.run import run
+    from harness.train.launch.run import run
 
     summary = run(compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
                                   "trainer.progress=false", "data.source=stdlib-chat", f"data.vocab_size={VOCAB}",
@@ -203,7 +203,7 @@ def test_a_target_checkpoint_brings_its_own_tokenizer(tmp_path):
     from train_support import compose_config
 
     from harness.train.config import run_config_from_dict
-    from harness.train.run import _with_target_tokenizer
+    from harness.train.launch.run import _with_target_tokenizer
 
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()

@@ -22,16 +22,17 @@ from train_support import compose_config, read_jsonl, sweep_params
 from harness.data.profiles import lognormal_lengths
 from strategies import (
     CliOption,
+    MicroBatches,
+    Purpose,
     Strategy,
     available_strategies,
+    generator,
+    padded_fill,
     register_strategy,
     report_order,
     strategy_options,
     unregister_strategy,
 )
-from strategies._assemble import MicroBatches
-from strategies._random import Purpose, generator
-from strategies.builtin import padded_fill
 
 NAME = "strided"
 
@@ -121,7 +122,7 @@ def test_the_strategy_sweeps_include_it(plugin):
 def test_it_trains_and_is_reported_next_to_sorted(plugin, tmp_path, batchlab_cache):
     from analysis.cli import main as report_main
     from analysis.figures import COLOURS, StrategyStyle
-    from harness.train.run import run
+    from harness.train.launch.run import run
 
     sweep = tmp_path / "sweep"
     common = ["experiment=strategies_smoke", "logger=none", "trainer.stop_tokens=1500", "trainer.eval_every_tokens=700",

@@ -15,7 +15,7 @@ from train_support import compose_config
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train import faults
-from harness.train.checkpoint import (
+from harness.train.loop.checkpoint import (
     CheckpointManager,
     CheckpointVersionError,
     FingerprintMismatch,
@@ -24,16 +24,16 @@ from harness.train.checkpoint import (
     save_checkpoint,
 )
 from harness.train.config import run_config_from_dict
-from harness.train.consumed import ConsumedSamples
+from harness.train.loop.consumed import ConsumedSamples
 from harness.train.distributed import Collectives, RankEnv
-from harness.train.grad_stats import (
+from harness.train.loop.grad_stats import (
     BucketNorms,
     GradientNoise,
     GradientStatistics,
     _squared_norms,
     small_batch_estimates,
 )
-from harness.train.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
+from harness.train.loop.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
 
 
 class ManyRanks(Collectives):
@@ -349,7 +349,7 @@ def test_the_noise_scale_is_never_nan_once_measured():
 
 # ---------------------------------------------------------------- epoch data
 def test_an_elastic_resume_plans_exactly_the_rest_of_the_epoch(batchlab_cache):
-    from harness.train.epoch_data import EpochData
+    from harness.train.loop.epoch_data import EpochData
 
     config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none"]))
     data = EpochData(config, Collectives(RankEnv()))
@@ -421,9 +421,9 @@ class RecordingSink:
 
 
 def test_a_failing_run_closes_its_logger_as_failed_once(tmp_path, batchlab_cache):
-    from harness.train.build import build_trainer
-    from harness.train.metrics import MetricLogger
-    from harness.train.topology import place
+    from harness.train.loop.build import build_trainer
+    from harness.train.loop.metrics import MetricLogger
+    from harness.train.placement.registry import place
 
     config = run_config_from_dict(compose_config([
         "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.progress=false", "trainer.stop_tokens=3000",
@@ -475,9 +475,9 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
     """Held-out loss, accuracy per position, τ, each tercile's, and real acceptance: 1 rank against 2 ranks (each
     evaluating its own share, the sums all-reduced); also catches ranks evaluating the same share."""
     from harness.train.batch import BatchCollator
-    from harness.train.epoch_data import EpochData
-    from harness.train.evaluator import Evaluator
-    from harness.train.modules import DrafterModel
+    from harness.train.loop.epoch_data import EpochData
+    from harness.train.loop.evaluator import Evaluator
+    from harness.train.rank_models import DrafterModel
 
     config = run_config_from_dict(compose_config([
         "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.eval_real_prompts=4",
@@ -511,7 +511,7 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
 
 # ---------------------------------------------------------------- schedule and data policies
 def test_the_learning_rate_follows_tokens_warmup_cosine_and_floor():
-    from harness.train.schedule import TokenCosineSchedule
+    from harness.train.loop.lr_schedule import TokenCosineSchedule
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     schedule = TokenCosineSchedule(optimizer, lr=2.0, total_tokens=1000, warmup_fraction=0.1, min_lr_ratio=0.1)
@@ -526,7 +526,7 @@ def test_the_learning_rate_follows_tokens_warmup_cosine_and_floor():
 
 @pytest.mark.parametrize("policy", ["drop", "truncate", "error"])
 def test_oversize_samples_follow_the_policy(policy, batchlab_cache):
-    from harness.train.epoch_data import EpochData
+    from harness.train.loop.epoch_data import EpochData
 
     overrides = ["experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.max_tokens=96",
                  f"trainer.oversize={policy}"]
@@ -558,7 +558,7 @@ def test_oversize_samples_follow_the_policy(policy, batchlab_cache):
 
 
 def test_max_samples_caps_every_micro_batch(batchlab_cache):
-    from harness.train.epoch_data import EpochData
+    from harness.train.loop.epoch_data import EpochData
 
     config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none",
                                                   "strategy=packed", "trainer.max_samples=3"]))
@@ -571,7 +571,7 @@ def test_the_run_log_copies_what_the_process_prints(tmp_path, capsys):
     its last state, a cleared bar not at all; nested blocks copy once; the streams are put back afterwards."""
     import sys
 
-    from harness.train.run_log import copied_to
+    from harness.train.launch.run_log import copied_to
 
     log = tmp_path / "run" / "train.log"
     before = sys.stdout, sys.stderr
@@ -595,7 +595,7 @@ def test_an_in_process_run_leaves_the_signal_handlers_as_it_found_them(tmp_path,
 
     from train_support import compose_config
 
-    from harness.train.run import run
+    from harness.train.launch.run import run
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     summary = run(compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
@@ -610,7 +610,7 @@ def test_two_ranks_writing_one_json_file_never_take_each_others_temporary_file(t
     and its rename (seen as a FileNotFoundError on the rename when both used one temporary name)."""
     import os
 
-    from harness.train.metrics import write_json_atomic
+    from harness.train.loop.metrics import write_json_atomic
 
     path, real_replace, real_getpid = tmp_path / "config.json", os.replace, os.getpid
     interleaved = []

@@ -10,10 +10,10 @@ from hydra.errors import ConfigCompositionException
 from train_support import REPO, compose_config, sweep_params
 
 from harness.train.config import run_config_from_dict, strategy_schemas
-from harness.train.build import build_trainer
+from harness.train.loop.build import build_trainer
 from harness.train.distributed import Collectives, RankEnv
-from harness.train.epoch_data import EpochData
-from harness.train.topology import place
+from harness.train.loop.epoch_data import EpochData
+from harness.train.placement.registry import place
 from strategies import available_strategies, report_order, strategy_class
 
 
@@ -77,6 +77,19 @@ def test_bad_values_are_refused_before_any_work(override, message):
         return
     with pytest.raises(ValueError, match=message):
         run_config_from_dict(config)
+
+
+def test_an_unknown_placement_is_refused_where_the_run_is_prepared_naming_the_nearest(tmp_path):
+    """The config leaves placement names to the registry above it; the run refuses one before any process or
+    file, naming the registered placements and the nearest."""
+    from harness.train.launch.run import BadInput, run
+
+    config = compose_config(["topology.name=colocatd"])
+    run_config_from_dict(config)  # the config itself takes any name
+    with pytest.raises(BadInput, match=r"topology.name='colocatd' is not one of \['colocated', 'disaggregated'\]; "
+                                       r"did you mean 'colocated'\?"):
+        run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("experiment", ["strategies", "strategies_smoke"])

@@ -20,7 +20,7 @@ from process_support import stop_group
 from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
 from harness.train.config import run_config_from_dict
-from harness.train.run import run
+from harness.train.launch.run import run
 from harness.train.status import read_statuses
 
 # small enough for a few seconds of training on 2 cores (most of a run is starting 3 processes)

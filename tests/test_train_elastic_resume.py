@@ -27,8 +27,8 @@ from train_support import (
     train_cli,
 )
 
-from harness.train.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths, component_state
-from harness.train.run import RunDirectoryInUse, config_differences, run
+from harness.train.loop.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths, component_state
+from harness.train.launch.run import RunDirectoryInUse, config_differences, run
 
 # 21 steps an epoch on 2 ranks (42 on 1), 1.07 epochs: the resumed run finishes epoch 0 and starts epoch 1;
 # one eval, at the end

@@ -15,7 +15,7 @@ import pytest
 from process_support import run_process
 from train_support import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
-from harness.train.checkpoint import component_state, latest_checkpoint, load_checkpoint
+from harness.train.loop.checkpoint import component_state, latest_checkpoint, load_checkpoint
 from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
 from harness.train.faults import TEST_FAIL_ENV
 

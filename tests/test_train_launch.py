@@ -112,7 +112,7 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
     import sys
     import time
 
-    from harness.train.checkpoint import latest_checkpoint
+    from harness.train.loop.checkpoint import latest_checkpoint
     from harness.train.status import read_statuses
 
     sweep = tmp_path / "sweep"
@@ -163,7 +163,7 @@ def test_plain_srun_ranks_share_their_nodes_cores_not_the_jobs(monkeypatch, task
     import os
 
     from harness.train.distributed import external_launch_env
-    from harness.train.modules import cpu_threads_per_rank
+    from harness.train.rank_models import cpu_threads_per_rank
 
     environ = {"SLURM_NTASKS": "6", "SLURM_PROCID": "4", "SLURM_LOCALID": "0", "SLURM_NODEID": str(node),
                "SLURM_STEP_TASKS_PER_NODE": tasks_per_node}

@@ -20,9 +20,9 @@ from train_support import (
     train_cli,
 )
 
-from harness.train.checkpoint import FingerprintMismatch, checkpoint_paths
+from harness.train.loop.checkpoint import FingerprintMismatch, checkpoint_paths
 from harness.train.faults import TEST_FAIL_ENV
-from harness.train.run import RunDirectoryInUse, run
+from harness.train.launch.run import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",

@@ -15,10 +15,10 @@ from harness.data.config import DataConfig
 from harness.data.samples import load_samples
 from harness.models.drafter import DFlashDrafter
 from harness.train.batch import BatchCollator
-from harness.train.checkpoint import checkpoint_paths
+from harness.train.loop.checkpoint import checkpoint_paths
 from harness.train.config import run_config_from_dict
-from harness.train.run import run
-from harness.train.trainer import NonFiniteLoss
+from harness.train.launch.run import run
+from harness.train.loop.trainer import NonFiniteLoss
 from strategies import Budget, available_strategies, build_strategy
 
 IN_PROCESS = ["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false"]
@@ -244,7 +244,7 @@ def test_regenerated_completions_pin_the_target_that_wrote_them(tmp_path, monkey
     target's own completions, so resolving it again would pretrain (and train the drafter on) another target.
     The run's config must name the checkpoint that regenerated the data."""
     from harness.eval import regenerate as regenerate_module
-    from harness.train import run as run_module
+    from harness.train.launch import run as run_module
 
     checkpoint = tmp_path / "target-ckpt"
     calls = []

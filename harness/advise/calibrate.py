@@ -356,7 +356,7 @@ def _measurer(config_dict: dict[str, Any],
 
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import Collectives, RankEnv
-    from harness.train.modules import DrafterModel, rank_device
+    from harness.train.rank_models import DrafterModel, rank_device
 
     config = run_config_from_dict(config_dict)
     env = env or RankEnv()

@@ -1,15 +1,15 @@
 """The split placement's link, measured on its own: what a micro-batch's trip from a target rank to a drafter rank costs.
 
-Two ranks (gloo on CPU, NCCL on GPUs) play the two ends of :mod:`harness.train.feature_link` with its own code, on
+Two ranks (gloo on CPU, NCCL on GPUs) play the two ends of :mod:`harness.train.placement.link` with its own code, on
 the calibration's design of shapes (:func:`harness.advise.calibrate.design`), the target's forward left out:
 
 * **send** (the target rank): the store's dispatch counter and in-flight look-ups, the real tokens' features
-  gathered from the tapped layers (:func:`~harness.train.feature_link.encode`), the batch pickled, the header,
+  gathered from the tapped layers (:func:`~harness.train.placement.link.encode`), the batch pickled, the header,
   the batch and the features sent;
 * **receive** (the drafter rank's receiving thread): from the header received to the batch unpickled
-  (:func:`~harness.train.feature_link.decode`);
+  (:func:`~harness.train.placement.link.decode`);
 * **unpack** (the drafter rank's take): the credit returned through the store, the batch moved to the device, the
-  features scattered back to the batch's token shape (:func:`~harness.train.feature_link.unpack`).
+  features scattered back to the batch's token shape (:func:`~harness.train.placement.link.unpack`).
 
 The sender waits for each micro-batch's credit before the next, so the three are timed apart. Each is fitted
 ``fixed + per_token · real tokens + per_slot · computed slots`` (non-negative least squares), and
@@ -73,7 +73,7 @@ def _link_rank(config_dict: dict[str, Any]) -> list[dict]:
     """Rank 0 plays a drafter rank, rank 1 a target rank; rank 0 returns a row per shape."""
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
-    from harness.train.modules import DrafterModel, rank_device
+    from harness.train.rank_models import DrafterModel, rank_device
 
     env = external_launch_env() or RankEnv()
     config = run_config_from_dict(config_dict)
@@ -106,7 +106,7 @@ class _End:
         import torch
         import torch.distributed as dist
 
-        from harness.train import feature_link
+        from harness.train.placement import link as feature_link
 
         self.torch, self.dist, self.link = torch, dist, feature_link
         self.device, self.wire = device, feature_link.link_device(device)

@@ -1,12 +1,12 @@
 """The placements' schedules simulated micro-batch by micro-batch: what the stage-time bound leaves out.
 
 :mod:`harness.advise.stages` bounds a split by its slower stage, as if the stages overlapped perfectly. A real
-split runs the protocol of :mod:`harness.train.feature_link`, and this module replays it on the calibrated costs:
+split runs the protocol of :mod:`harness.train.placement.link`, and this module replays it on the calibrated costs:
 
 * a target rank takes the next micro-batch (dynamic dispatch: whichever rank is free; round robin: its own
   turn), waits for a credit on the link to that micro-batch's drafter rank (at most ``max_in_flight`` of its
   micro-batches there not yet taken), and sees the credit only at its next look at the store (pauses from
-  :data:`~harness.train.feature_link.POLL_FIRST_S` doubling to :data:`~harness.train.feature_link.POLL_MAX_S`);
+  :data:`~harness.train.placement.link.POLL_FIRST_S` doubling to :data:`~harness.train.placement.link.POLL_MAX_S`);
   then it runs the target's forward and sends (the link's send cost);
 * the drafter rank's receiving thread receives and unpickles it (the link's receive cost);
 * a drafter rank takes every micro-batch of its step before computing any (each take returns a credit and
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.train.feature_link import POLL_FIRST_S, POLL_MAX_S, WorkOrder
+from harness.train.placement.link import POLL_FIRST_S, POLL_MAX_S, WorkOrder
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 
 
 #: trainer settings this command sets from its own options

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.cli.errors import OneLineParser, add_verbose, describe, full_errors
+from harness.command_errors import OneLineParser, add_verbose, describe, full_errors
 
 if TYPE_CHECKING:
     from strategies import CliOption, CostModel, Plan

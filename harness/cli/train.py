@@ -5,7 +5,7 @@
     batchlab-train experiment=smoke strategy=bucketed trainer.nproc=2
 
 The config is composed from ``conf/`` (typed by :mod:`harness.train.config`), resolved once, and
-handed to :func:`harness.train.run.run`, which starts the job's ranks itself. Each run writes into
+handed to :func:`harness.train.launch.run.run`, which starts the job's ranks itself. Each run writes into
 Hydra's run directory (``hydra.run.dir``): ``config.json``, ``metrics.jsonl``, ``summary.json``,
 ``checkpoints/`` and the offline W&B run under ``wandb/``.
 """
@@ -61,9 +61,9 @@ def _launcher_rank() -> int:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from harness.cli.errors import full_errors
-    from harness.train.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, prepared_config, run
-    from harness.train.run_log import RUN_LOG, copied_to
+    from harness.command_errors import full_errors
+    from harness.train.launch.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, prepared_config, run
+    from harness.train.launch.run_log import RUN_LOG, copied_to
 
     hydra_config = HydraConfig.get()
     run_dir = hydra_config.runtime.output_dir

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 from harness.data import cache
 from harness.data.config import DataConfig
 from harness.data.samples import TokenizedSamples, load_samples
@@ -46,7 +46,7 @@ from harness.eval.speculative import _inference
 PREFIX = "regen"
 FORMAT_VERSION = 2  # 2: every supervised span regenerated, the tokens after the last one kept
 DATASET_DIR = "dataset"
-#: seed of a random-weight target built from a config (equal to harness.train.modules.TARGET_INIT_SEED)
+#: seed of a random-weight target built from a config (equal to harness.train.rank_models.TARGET_INIT_SEED)
 TARGET_INIT_SEED = 0
 DECODERS = ("hf", "recompute")
 

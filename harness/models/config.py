@@ -20,11 +20,11 @@ from transformers import Qwen3_5TextConfig
 SUPPORTED_LAYER_TYPES = ("linear_attention", "full_attention")
 
 # Keyword arguments Qwen3_5TextConfig accepts besides its dataclass fields (consumed in __post_init__).
-_EXTRA_CONFIG_KWARGS = frozenset({"full_attention_interval", "partial_rotary_factor", "model_type"})
+EXTRA_CONFIG_KWARGS = frozenset({"full_attention_interval", "partial_rotary_factor", "model_type"})
 
 
 def _config_field_names() -> frozenset[str]:
-    return frozenset(field.name for field in dataclasses.fields(Qwen3_5TextConfig)) | _EXTRA_CONFIG_KWARGS
+    return frozenset(field.name for field in dataclasses.fields(Qwen3_5TextConfig)) | EXTRA_CONFIG_KWARGS
 
 
 def _text_part(raw: Mapping[str, Any]) -> dict[str, Any]:

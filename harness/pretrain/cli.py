@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from harness.cli.errors import OneLineParser, add_verbose, at_least, one_line_errors
+from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 
 DEFAULT_TARGET = Path(__file__).resolve().parents[2] / "conf" / "target" / "tiny.yaml"
 

@@ -169,7 +169,7 @@ DISPATCHES = ("dynamic", "round_robin")
 
 @dataclass
 class TopologyConfig:
-    """Where the target and the drafter run (:mod:`harness.train.topology`).
+    """Where the target and the drafter run (:mod:`harness.train.placement.registry`).
 
     ``colocated``: every rank runs the target and the drafter (DDP on the drafter). ``disaggregated``:
     ``target_ranks`` ranks run the target and send its features to ``drafter_ranks`` ranks (DDP among
@@ -187,9 +187,8 @@ class TopologyConfig:
     drafter_delay_s: float = 0.0  # tests and benchmarks: the drafter sleeps this long after every step
 
     def __post_init__(self) -> None:
-        from harness.train.topology import placement_names  # the registry (it imports this module)
-
-        _choice("topology.name", self.name, tuple(placement_names()))
+        # ``name`` is checked against the registered placements where a run is prepared
+        # (:func:`harness.train.launch.run.prepared_config`): the registry sits above this module
         _choice("topology.dispatch", self.dispatch, DISPATCHES)
         for name in ("target_ranks", "drafter_ranks", "max_in_flight"):
             _at_least(f"topology.{name}", getattr(self, name), 1)
@@ -263,9 +262,9 @@ def target_schema() -> type:
     """The keys ``Qwen3_5TextConfig`` takes (all optional: unset keys keep transformers' defaults)."""
     from transformers import Qwen3_5TextConfig
 
-    from harness.models.config import _EXTRA_CONFIG_KWARGS
+    from harness.models.config import EXTRA_CONFIG_KWARGS
 
-    names = [f.name for f in dataclasses.fields(Qwen3_5TextConfig)] + sorted(_EXTRA_CONFIG_KWARGS)
+    names = [f.name for f in dataclasses.fields(Qwen3_5TextConfig)] + sorted(EXTRA_CONFIG_KWARGS)
     specs = [("pretrained", Optional[str], field(default=None))]  # a local HF checkpoint directory
     specs += [(n, Any, field(default=None)) for n in names]
     return dataclasses.make_dataclass("TargetConfig", specs)

@@ -15,7 +15,7 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
 
 Collectives are no-ops on one rank, so the trainer has no ``if world_size > 1`` of its own. A rank
 that dies ends the job: elastic's agent (polling every 0.5 s) stops the others (SIGTERM, SIGKILL 30 s
-later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.run.run` turns into
+later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.launch.run.run` turns into
 ``RankFailed`` with the stage and step from the rank's status file; collectives carry a timeout
 (``trainer.collective_timeout_s``, gloo's and NCCL's, with NCCL's async error handling on) so that a
 rank that hangs alive never hangs the others. Under an external ``torchrun`` the agent is torchrun's:
@@ -200,7 +200,7 @@ class Collectives:
     ``group`` (None: the whole job), identity on one rank.
 
     ``env`` is the rank's place in that group (a disaggregated run's drafter ranks form their own group, see
-    :mod:`harness.train.topology`). Each tensor goes to the group's backend for the device it lives on
+    :mod:`harness.train.placement.registry`). Each tensor goes to the group's backend for the device it lives on
     (:data:`BACKENDS`); one on a device the group has no backend for is refused before the call, naming the
     collective and the device, and a result keeps its input's dtype and device.
     """

@@ -4,7 +4,7 @@ A rank that dies (an exception, SIGKILL, the out-of-memory killer) cannot say wh
 file can. Each rank owns ``run_dir/status/rank{r}.status`` and rewrites one fixed-size record in place
 (``os.pwrite`` at offset 0 into a file opened once, no fsync): a stage name, the optimizer step, the
 time, the pid and its role. The page cache keeps what a killed process wrote, so the job's launcher
-(:func:`harness.train.run.run`) reads the last stage and step of the rank that failed with
+(:func:`harness.train.launch.run.run`) reads the last stage and step of the rank that failed with
 :func:`read_statuses` and names them. Cheap enough for several calls per step (one syscall, no
 allocation beyond packing ~100 bytes).
 

@@ -16,7 +16,7 @@ import torch
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import BatchCollator, RankMicroBatches
-from harness.train.step_stats import reduce_sum
+from harness.train.loop.step_stats import reduce_sum
 
 
 class Evaluator:

@@ -1,4 +1,4 @@
-"""The built-in placements, registered by name: ``colocated`` and ``disaggregated`` (see :mod:`harness.train.topology`)."""
+"""The built-in placements, registered by name: ``colocated`` and ``disaggregated`` (see :mod:`harness.train.placement.registry`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch.distributed as dist
 
 from harness.train.config import TopologyConfig
 from harness.train.distributed import RankEnv
-from harness.train.topology import COLOCATED, DRAFTER, TARGET, Placement, PlacementKind, register_placement
+from harness.train.placement.registry import COLOCATED, DRAFTER, TARGET, Placement, PlacementKind, register_placement
 
 if TYPE_CHECKING:  # the feature sources import the models: the ranks need them, the launcher does not
-    from harness.train.features import LocalTarget, SourceInputs
+    from harness.train.placement.feature_source import LocalTarget, SourceInputs
 
 
 @register_placement
@@ -24,7 +24,7 @@ class Colocated(PlacementKind):
         return Placement(COLOCATED, env, tuple(range(env.world_size)), (), kind=self.name)
 
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> LocalTarget:  # noqa: ARG002
-        from harness.train.features import LocalTarget
+        from harness.train.placement.feature_source import LocalTarget
 
         return LocalTarget(inputs)
 
@@ -51,14 +51,14 @@ class Disaggregated(PlacementKind):
         return Placement(role, env, drafters, targets, group if role == DRAFTER else None, kind=self.name)
 
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> Any:
-        from harness.train.feature_receiver import DrafterLink
+        from harness.train.placement.drafter_link import DrafterLink
 
         return DrafterLink(placement, inputs.config.topology, inputs)
 
     def worker(self, config: Any, placement: Placement, run_dir: str) -> Any:
         """A target rank: the frozen target, feeding the drafter ranks."""
-        from harness.train.feature_sender import TargetProducer
-        from harness.train.modules import build_target, rank_device, run_dtype
+        from harness.train.placement.target_producer import TargetProducer
+        from harness.train.rank_models import build_target, rank_device, run_dtype
 
         device = rank_device(config, placement.env)
         return TargetProducer(config, placement, run_dir, build_target(config, run_dtype(config), device), device)

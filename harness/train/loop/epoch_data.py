@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.data.samples import TokenizedSamples, ValidationReport, heldout_split, load_samples, validate_samples
-from harness.train import checkpoint as ckpt
+from harness.train.loop import checkpoint as ckpt
 from harness.train.config import RunConfig
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics

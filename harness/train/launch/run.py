@@ -36,12 +36,12 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
-from harness.train.epoch_data import select_rows
-from harness.train.metrics import write_json_atomic
-from harness.train.run_log import RUN_LOG, copied_to
-from harness.train.modules import EMBEDDED_TARGET, pretrained_target_path
+from harness.train.loop.epoch_data import select_rows
+from harness.train.loop.metrics import write_json_atomic
+from harness.train.launch.run_log import RUN_LOG, copied_to
+from harness.train.rank_models import EMBEDDED_TARGET, pretrained_target_path
 from harness.train.status import STATUS_DIR, describe, read_statuses
-from harness.train.topology import place, placement_kind
+from harness.train.placement.registry import place, placement_kind
 
 
 class RunDirectoryInUse(ValueError):
@@ -158,7 +158,7 @@ def _run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     try:
         placement = place(config.topology, env)
         if placement.trains:
-            from harness.train.build import build_trainer
+            from harness.train.loop.build import build_trainer
 
             trainer = build_trainer(config, run_dir, placement, config_dict)
             summary = trainer.train()
@@ -274,7 +274,7 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
         if traceback_file.exists() and (since is None or traceback_file.stat().st_mtime >= since):
             how += f" (traceback: {traceback_file})"  # this run's, not an earlier failure's
     others = "; ".join(f"rank {r} {describe(s)}" for r, s in sorted(statuses.items()) if r != rank)
-    from harness.train.checkpoint import latest_checkpoint
+    from harness.train.loop.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(Path(run_dir))
     resume = (f"the last checkpoint is {checkpoint}; run the same command with hydra.run.dir={run_dir} to resume "
@@ -294,7 +294,7 @@ def complete_summary(run_dir: Path) -> dict[str, Any] | None:
 def claimed(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run worth keeping: a checkpoint to resume from, or a complete summary. A run
     that failed before its first checkpoint (a typo in ``data.source``, an empty file) claims nothing."""
-    from harness.train.checkpoint import latest_checkpoint
+    from harness.train.loop.checkpoint import latest_checkpoint
 
     return latest_checkpoint(run_dir) is not None or complete_summary(run_dir) is not None
 
@@ -324,6 +324,7 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     :class:`BadInput`."""
     try:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
+        placement_kind(config.topology.name)  # a registered placement
         config_dict = _with_target_tokenizer(config, config_dict)
         return _with_regenerated_completions(run_config_from_dict(config_dict), config_dict)
     except (ValueError, FileNotFoundError) as error:

@@ -3,20 +3,20 @@
 A placement is one :class:`PlacementKind` subclass registered with :func:`register_placement` (plus its
 ``conf/topology/<name>.yaml``): it says which role every rank of the job has (:meth:`PlacementKind.place`),
 where a training rank's features come from (:meth:`PlacementKind.feature_source`, a
-:class:`~harness.train.features.FeatureSource`), and what a rank that does not train runs
+:class:`~harness.train.placement.feature_source.FeatureSource`), and what a rank that does not train runs
 (:meth:`PlacementKind.worker`). The trainer sees only the feature source. The built-in placements are
-registered in :mod:`harness.train.placements`:
+registered in :mod:`harness.train.placement.builtin` (imported by the package's ``__init__``):
 
 ``colocated`` (the default): every rank runs the frozen target and the drafter; DDP on the drafter over
 the whole job. ``disaggregated``: the job's ``drafter_ranks + target_ranks`` ranks split in two roles:
 
-* global ranks ``0 .. drafter_ranks - 1`` are **drafter ranks**: each runs a :class:`~harness.train.trainer.Trainer`
-  whose features come from the target ranks (:class:`~harness.train.feature_receiver.DrafterLink`). They form
+* global ranks ``0 .. drafter_ranks - 1`` are **drafter ranks**: each runs a :class:`~harness.train.loop.trainer.Trainer`
+  whose features come from the target ranks (:class:`~harness.train.placement.drafter_link.DrafterLink`). They form
   their own process group (``dist.new_group``): DDP, the Σw all-reduce, the metric gathers, eval and
   checkpoints run over it only, and the plan is made for ``world_size = drafter_ranks``. Global rank 0
   is drafter rank 0, the one that writes files. Eval runs there too, on a local copy of the target.
 * global ranks ``drafter_ranks .. drafter_ranks + target_ranks - 1`` are **target ranks**: each runs
-  :class:`~harness.train.feature_sender.TargetProducer` (take a micro-batch, collate, target forward,
+  :class:`~harness.train.placement.target_producer.TargetProducer` (take a micro-batch, collate, target forward,
   send) and no collective at all, so nothing the drafters do can deadlock them.
 """
 
@@ -93,8 +93,8 @@ class PlacementKind:
         raise NotImplementedError
 
     def feature_source(self, placement: Placement, inputs: Any) -> Any:
-        """The :class:`~harness.train.features.FeatureSource` of a training rank (``inputs``: its
-        :class:`~harness.train.features.SourceInputs`)."""
+        """The :class:`~harness.train.placement.feature_source.FeatureSource` of a training rank (``inputs``: its
+        :class:`~harness.train.placement.feature_source.SourceInputs`)."""
         raise NotImplementedError
 
     def worker(self, config: Any, placement: Placement, run_dir: str) -> RankWorker:
@@ -116,15 +116,19 @@ def register_placement(cls: type[PlacementKind]) -> type[PlacementKind]:
 
 
 def placement_names() -> list[str]:
-    """The registered placements (``topology.name`` values), sorted."""
-    import harness.train.placements  # noqa: F401 - registers the built-in placements
-
+    """The registered placements (``topology.name`` values), sorted; the built-ins are registered by
+    :mod:`harness.train.placement`'s own ``__init__``."""
     return sorted(_PLACEMENTS)
 
 
 def placement_kind(name: str) -> PlacementKind:
-    if name not in placement_names():
-        raise ValueError(f"topology.name={name!r} is not one of {placement_names()}")
+    """The registered placement ``name``; an unknown name fails naming the registered ones (and the nearest)."""
+    if name not in _PLACEMENTS:
+        import difflib
+
+        near = difflib.get_close_matches(name, placement_names(), n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ValueError(f"topology.name={name!r} is not one of {placement_names()}{hint}")
     return _PLACEMENTS[name]()
 
 

@@ -1,6 +1,6 @@
-"""The drafter end of ``topology=disaggregated``: a :class:`~harness.train.features.FeatureSource` fed by the target ranks.
+"""The drafter end of ``topology=disaggregated``: a :class:`~harness.train.placement.feature_source.FeatureSource` fed by the target ranks.
 
-See :mod:`harness.train.feature_link` for the protocol (header, payload, credits, order, liveness).
+See :mod:`harness.train.placement.link` for the protocol (header, payload, credits, order, liveness).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 from harness.models.target import TargetFeatures
 from harness.train.batch import BatchCollator, TrainingBatch
 from harness.train.config import TopologyConfig
-from harness.train.feature_link import (
+from harness.train.placement.link import (
     HEADER_FIELDS,
     HEADER_INDEX,
     KIND_BATCH,
@@ -36,9 +36,9 @@ from harness.train.feature_link import (
     store_key,
     unpack,
 )
-from harness.train.features import SourceInputs, StepBatches
+from harness.train.placement.feature_source import SourceInputs, StepBatches
 from harness.train.status import describe, read_statuses
-from harness.train.topology import Placement
+from harness.train.placement.registry import Placement
 from strategies import Plan
 
 

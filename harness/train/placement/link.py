@@ -29,8 +29,8 @@ headers while idle, so a rank waiting on a silent peer for ``topology.peer_timeo
 agent stops the others.
 
 This module holds what both ends share (the header, the store keys, the work order, liveness); the drafter
-end is :class:`harness.train.feature_receiver.DrafterLink`, the target end
-:class:`harness.train.feature_sender.TargetProducer`.
+end is :class:`harness.train.placement.drafter_link.DrafterLink`, the target end
+:class:`harness.train.placement.target_producer.TargetProducer`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Build a training rank's :class:`~harness.train.trainer.Trainer` from the run config: its components, in order.
+"""Build a training rank's :class:`~harness.train.loop.trainer.Trainer` from the run config: its components, in order.
 
 Data → models → gradient statistics → optimizer → checkpointed state (restored when the run directory holds
 a checkpoint, re-planning the rest of its epoch on another world size) → feature source → evaluator →
@@ -13,21 +13,21 @@ from typing import Any
 import torch
 
 from harness.train.batch import BatchCollator
-from harness.train.checkpoint import CheckpointManager, RngState, TorchState
+from harness.train.loop.checkpoint import CheckpointManager, RngState, TorchState
 from harness.train.config import RunConfig
-from harness.train.consumed import ConsumedSamples
+from harness.train.loop.consumed import ConsumedSamples
 from harness.train.distributed import Collectives
-from harness.train.epoch_data import EpochData
-from harness.train.evaluator import Evaluator
-from harness.train.features import SourceInputs
-from harness.train.grad_stats import GradientStatistics
-from harness.train.metrics import build_logger
-from harness.train.modules import DrafterModel, rank_device
-from harness.train.schedule import TokenCosineSchedule
+from harness.train.loop.epoch_data import EpochData
+from harness.train.loop.evaluator import Evaluator
+from harness.train.placement.feature_source import SourceInputs
+from harness.train.loop.grad_stats import GradientStatistics, summing_comm_hook
+from harness.train.loop.metrics import build_logger
+from harness.train.rank_models import DrafterModel, rank_device
+from harness.train.loop.lr_schedule import TokenCosineSchedule
 from harness.train.status import RankStatus
-from harness.train.topology import COLOCATED, Placement, placement_kind
-from harness.train.train_state import TrainState
-from harness.train.trainer import Trainer
+from harness.train.placement.registry import COLOCATED, Placement, placement_kind
+from harness.train.loop.train_state import TrainState
+from harness.train.loop.trainer import Trainer
 
 
 def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
@@ -45,7 +45,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     data = EpochData(config, comm, progress=env.is_main and trainer.progress)
     model = DrafterModel(config, device)
     grads = GradientStatistics(model.parameters, comm, trainer.grad_stats_every, trainer.grad_stats_ema)
-    model.distribute(comm, grads.bucket_norms)
+    model.distribute(comm, grads.bucket_norms, summing_comm_hook)
     optim = config.optim
     optimizer = torch.optim.AdamW(model.parameters, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
                                   weight_decay=optim.weight_decay)

@@ -16,7 +16,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from harness.train.metrics import truncate_metrics
+from harness.train.loop.metrics import truncate_metrics
 
 CONSUMED_DIR = "consumed"
 

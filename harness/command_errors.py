@@ -1,4 +1,5 @@
-"""Bad input at batchlab's argparse commands: one line on stderr, exit status 2, the traceback behind ``--verbose``.
+"""Bad input at batchlab's commands: one line on stderr, exit status 2, the traceback behind ``--verbose``
+(every entry point shares it, so it sits below them all).
 
     parser = OneLineParser(prog="batchlab-x", ...)      # a bad flag: "batchlab-x: error: ...; see --help"
     add_verbose(parser)

@@ -11,7 +11,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from harness.train.config import RunConfig
-from harness.train.grad_stats import summing_comm_hook
 
 if TYPE_CHECKING:  # the models import transformers' modeling code: the ranks build them, the launcher
     # (which reads EMBEDDED_TARGET and pretrained_target_path only) starts faster without
@@ -106,8 +105,9 @@ class DrafterModel:
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         self.distributed = False
 
-    def distribute(self, comm: Any, hook_state: Any) -> None:
-        """DDP over ``comm``'s group (nothing on one rank); ``hook_state`` records gradient norms on measured steps."""
+    def distribute(self, comm: Any, hook_state: Any, hook: Any) -> None:
+        """DDP over ``comm``'s group (nothing on one rank), its buckets reduced by ``hook(hook_state, bucket)``
+        (the gradient statistics' summing hook, which records gradient norms on measured steps)."""
         if not comm.env.distributed:
             return
         # the drafter's only buffers are its fixed rotary frequencies: nothing to sync per forward
@@ -116,7 +116,7 @@ class DrafterModel:
         self.objective = DistributedDataParallel(
             self.objective, device_ids=[comm.env.local_rank] if self.device.type == "cuda" else None,
             process_group=comm.group, **buffers)
-        self.objective.register_comm_hook(hook_state, summing_comm_hook)
+        self.objective.register_comm_hook(hook_state, hook)
         self.distributed = True
 
     def no_sync(self, skip: bool) -> contextlib.AbstractContextManager:

@@ -4,8 +4,8 @@ The trainer asks its :class:`FeatureSource` for an epoch's micro-batches (:meth:
 for each micro-batch's tapped target features (:meth:`~FeatureSource.features`); it never asks which
 placement it runs under. :class:`LocalTarget` (``topology=colocated``) reads the plan's micro-batches itself
 (a DataLoader, collated in workers or in-process) and runs the frozen target on them;
-:class:`~harness.train.feature_receiver.DrafterLink` (``topology=disaggregated``) receives both from the
-target ranks. Placements and their sources are registered in :mod:`harness.train.placements`.
+:class:`~harness.train.placement.drafter_link.DrafterLink` (``topology=disaggregated``) receives both from the
+target ranks. Placements and their sources are registered in :mod:`harness.train.placement.builtin`.
 """
 
 from __future__ import annotations

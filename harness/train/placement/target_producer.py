@@ -1,6 +1,6 @@
 """The target end of ``topology=disaggregated``: a target rank's loop (take a micro-batch, collate, forward, send).
 
-See :mod:`harness.train.feature_link` for the protocol (header, payload, credits, order, liveness).
+See :mod:`harness.train.placement.link` for the protocol (header, payload, credits, order, liveness).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from harness.train.batch import BatchCollator
 from harness.train.config import RunConfig
-from harness.train.feature_link import (
+from harness.train.placement.link import (
     KIND_BATCH,
     KIND_END,
     KIND_KEEPALIVE,
@@ -37,7 +37,7 @@ from harness.train.feature_link import (
     store_key,
 )
 from harness.train.status import RankStatus, describe, read_statuses
-from harness.train.topology import Placement
+from harness.train.placement.registry import Placement
 from strategies import Plan
 
 

@@ -1,15 +1,15 @@
 """The training loop: the DFlash drafter on a frozen target's features, batched by one strategy.
 
 Per optimizer step, on every rank, for each of its ``grad_accum`` micro-batches of the epoch's plan:
-target features (computed here or received: the rank's :class:`~harness.train.features.FeatureSource`) →
+target features (computed here or received: the rank's :class:`~harness.train.placement.feature_source.FeatureSource`) →
 drafter forward and backward of ``Σ(w·CE) / W``, where ``W`` = Σw over the *whole global step* (every
 rank, every micro-batch), all-reduced from the collated Σw **before** the first backward. DDP syncs only on
 the last micro-batch and sums gradients (its division by world size is undone by
-:func:`~harness.train.grad_stats.summing_comm_hook`), so the gradient is exactly that of the global
+:func:`~harness.train.loop.grad_stats.summing_comm_hook`), so the gradient is exactly that of the global
 objective whatever the grouping. Then clip on the global norm, AdamW, and a cosine schedule in tokens seen.
 
 The :class:`Trainer` holds the loop only — :meth:`~Trainer.train`, :meth:`~Trainer.train_step`,
-:meth:`~Trainer.forward_backward_step` — and is handed its components (:func:`harness.train.build.build_trainer`):
+:meth:`~Trainer.forward_backward_step` — and is handed its components (:func:`harness.train.loop.build.build_trainer`):
 the epoch data and plans, the models, the feature source, the gradient statistics, the evaluator, the
 consumed-sample counts, the checkpoints, the logger. Rank-0-only work (files, W&B, the progress bar)
 goes through the logger and ``env.is_main`` only.
@@ -29,9 +29,9 @@ import torch
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
-from harness.train.checkpoint import CHECKPOINT_DIR
-from harness.train.step_stats import StepStats, step_record
-from harness.train.summary import run_summary
+from harness.train.loop.checkpoint import CHECKPOINT_DIR
+from harness.train.loop.step_stats import StepStats, step_record
+from harness.train.loop.summary import run_summary
 from strategies import Plan
 
 

@@ -1,0 +1,1 @@
+"""Launching a run: its directory, its ranks and what they report when one fails."""

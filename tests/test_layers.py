@@ -1,0 +1,111 @@
+"""The package's layering holds: import-linter's contracts (pyproject.toml) are kept, and a contract can fail."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the most modules one package (a "room") holds before it should be split by concern
+MAX_ROOM = 15
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` over the package tree at ``root`` (its pyproject.toml's contracts), uncached."""
+    script = (f"import sys; sys.path.insert(0, {str(root)!r}); "
+              "from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))")
+    return subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
+
+
+def test_every_layer_contract_is_kept():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_an_import_up_the_layers_breaks_the_contract_naming_it(tmp_path):
+    """The contract is live: a copy of the tree whose feature link imports the trainer fails, naming the line."""
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    for package in ("harness", "strategies", "analysis"):
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    link = copy / "harness/train/placement/link.py"
+    link.write_text(link.read_text() + "\n\ndef _upward():\n    from harness.train.loop import trainer  # noqa\n")
+    result = lint_imports(copy)
+    assert result.returncode != 0
+    assert "harness.train.placement is not allowed to import harness.train.loop" in result.stdout
+    assert "harness.train.placement.link -> harness.train.loop.trainer" in result.stdout
+
+
+@pytest.mark.parametrize("package", ["harness", "strategies", "analysis"])
+def test_no_room_holds_more_than_a_newcomer_can_name(package):
+    """Every package (a folder of modules) holds at most MAX_ROOM modules; more means two concerns share it."""
+    crowded = {}
+    for folder in [ROOT / package, *(p for p in (ROOT / package).rglob("*") if p.is_dir())]:
+        if folder.name == "__pycache__":
+            continue
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_ROOM:
+            crowded[str(folder.relative_to(ROOT))] = len(modules)
+    assert not crowded, f"packages over {MAX_ROOM} modules: {crowded}"
+
+
+def test_every_package_folder_is_a_regular_package():
+    """A folder of modules without ``__init__.py`` is a namespace package the layering tools cannot see."""
+    missing = [str(p.relative_to(ROOT)) for package in ("harness", "strategies", "analysis")
+               for p in [ROOT / package, *(ROOT / package).rglob("*")]
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py")) and not (p / "__init__.py").exists()]
+    assert not missing, missing
+
+
+def _private_imports(path: Path, package: str) -> list[str]:
+    """``from X import _y`` / ``import X._y`` / ``from X._y import z`` in ``path`` where X is outside ``package``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [a.name for a in node.names]
+            module = node.module
+        elif isinstance(node, ast.Import):
+            names, module = [], None
+            for alias in node.names:
+                if any(part.startswith("_") and not part.startswith("__") for part in alias.name.split(".")):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} import {alias.name}")
+            continue
+        else:
+            continue
+        if not module.startswith(("harness", "strategies", "analysis")) or module == package or \
+                module.startswith(package + "."):
+            continue
+        private_module = any(p.startswith("_") and not p.startswith("__") for p in module.split("."))
+        private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        if private_module or private_names:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {module} import {', '.join(names)}")
+    return found
+
+
+def test_no_module_imports_a_private_name_from_outside_its_package():
+    """Private names (``_x``) and private modules (``pkg._mod``) stay inside their package; the strategy plugin
+    API is exported by ``strategies`` (the plugin test imports only public names)."""
+    found = []
+    for top in ("harness", "strategies", "analysis"):
+        for path in (ROOT / top).rglob("*.py"):
+            package = ".".join(path.relative_to(ROOT).parent.parts)
+            found += _private_imports(path, package)
+    found += _private_imports(ROOT / "tests" / "test_strategy_plugin.py", "tests")
+    assert not found, "\n".join(found)
+
+
+def test_the_private_import_scan_finds_each_form(tmp_path, monkeypatch):
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    source = tmp_path / "mod.py"
+    source.write_text("from strategies._random import generator\nfrom harness.models.config import _X\n"
+                      "import strategies._kernels\nfrom harness.models import config\nfrom harness.train.x import _y\n")
+    found = _private_imports(source, "harness.train")
+    assert [line.split(" ", 1)[0] for line in found] == ["mod.py:1", "mod.py:2", "mod.py:3"]

@@ -23,16 +23,34 @@ import os
 import resource
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
+from harness.train.loop.cadence import Cadence
 from harness.train.loop.checkpoint import CHECKPOINT_DIR
 from harness.train.loop.step_stats import StepStats, step_record
 from harness.train.loop.summary import run_summary
 from strategies import Plan
+
+if TYPE_CHECKING:  # the components, typed by what the trainer asks of them
+    from pathlib import Path
+
+    from harness.train.config import RunConfig
+    from harness.train.distributed import Collectives
+    from harness.train.loop.checkpoint import CheckpointManager
+    from harness.train.loop.consumed import ConsumedSamples
+    from harness.train.loop.epoch_data import EpochData
+    from harness.train.loop.evaluator import Evaluator
+    from harness.train.loop.grad_stats import GradientStatistics
+    from harness.train.loop.lr_schedule import TokenCosineSchedule
+    from harness.train.loop.metrics import MetricSink
+    from harness.train.loop.train_state import TrainState
+    from harness.train.placement.feature_source import FeatureSource
+    from harness.train.rank_models import DrafterModel
+    from harness.train.status import RankStatus
 
 
 #: set in a process a launcher started (torch elastic / torchrun, submitit, srun): a rank, not the user's own process
@@ -44,13 +62,15 @@ class NonFiniteLoss(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, *, config: Any, run_dir: Any, comm: Any, status: Any, data: Any, model: Any, optimizer: Any,
-                 schedule: Any, source: Any, grads: Any, evaluator: Any, consumed: Any, checkpoints: Any, logger: Any,
-                 state: Any) -> None:
+    def __init__(self, *, config: RunConfig, run_dir: Path, comm: Collectives, status: RankStatus, data: EpochData,
+                 model: DrafterModel, optimizer: torch.optim.Optimizer, schedule: TokenCosineSchedule,
+                 source: FeatureSource, grads: GradientStatistics, evaluator: Evaluator, consumed: ConsumedSamples,
+                 checkpoints: CheckpointManager, logger: MetricSink, state: TrainState) -> None:
         self.config, self.run_dir, self.comm, self.env, self.status = config, run_dir, comm, comm.env, status
         self.data, self.model, self.optimizer, self.schedule = data, model, optimizer, schedule
         self.source, self.grads, self.evaluator = source, grads, evaluator
         self.consumed, self.checkpoints, self.logger, self.state = consumed, checkpoints, logger, state
+        self.cadence = Cadence.of(config.trainer, data)  # when to evaluate, checkpoint and stop
         self.stop_requested = False
 
     # ------------------------------------------------------------------ the loop
@@ -75,7 +95,7 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         state = self.state
         if state.global_step == 0:
-            state.next_eval_tokens = self.config.trainer.eval_every_tokens
+            self.cadence.start(state)
             self._print_start()
         elif self.env.is_main:
             print(f"batchlab-train: {self.config.name} resuming from step {state.global_step} "
@@ -84,14 +104,14 @@ class Trainer:
         progress = self._progress_bar()
         wall_started = time.perf_counter()
         stop = False
-        while not self._done() and not stop:
+        while not self.cadence.done(state) and not stop:
             stop = self._train_epoch(self.data.plan_epoch(state.epoch), progress)
         if progress is not None:
             progress.close()
         self.save()
         summary = run_summary(
             config=self.config, world_size=self.env.world_size, data=self.data, state=state,
-            interrupted=self.stop_requested and not self._done(), wall_time=time.perf_counter() - wall_started,
+            interrupted=self.stop_requested and not self.cadence.done(state), wall_time=time.perf_counter() - wall_started,
             seen_at_most_once=self.consumed.at_most_once(),
             extra={**self.source.summary(), "torch_threads": torch.get_num_threads()},  # this rank's CPU threads
             run_dir=self.run_dir if self.env.is_main else None)
@@ -106,7 +126,7 @@ class Trainer:
 
     def _train_epoch(self, plan: Plan, progress: Any) -> bool:
         """Train the rest of ``plan``'s epoch; True when the run is to stop (done, or asked to)."""
-        state, trainer = self.state, self.config.trainer
+        state = self.state
         # a re-planned rest of an epoch (elastic resume) logged its epoch's plan metrics before
         epoch_record = (self._plan_record(plan) if state.step_in_epoch == 0 and not self.data.replanned(plan.epoch)
                         else {})
@@ -123,20 +143,19 @@ class Trainer:
                               tokens_seen=state.tokens_seen, samples_seen=state.samples_seen,
                               epochs=state.tokens_seen / self.data.epoch_tokens, **epoch_record)
                 epoch_record = {}
-                if state.tokens_seen >= state.next_eval_tokens or self._done():
+                if self.cadence.evaluate_now(state):
                     state.last_eval = self.evaluator(state.global_step)
                     record.update(state.last_eval)
-                    while state.next_eval_tokens <= state.tokens_seen:
-                        state.next_eval_tokens += trainer.eval_every_tokens
+                    self.cadence.evaluated(state)
                 self.logger.log(record)
                 self._show(progress, record)
                 epoch_finished = state.step_in_epoch == plan.num_steps
                 if epoch_finished:
                     self.status.stage("epoch_end", state.global_step)
                     state.end_epoch(self.consumed.end_epoch(self.data.kept_rows(plan)))
-                if self.stop_requested or self._done():
+                if self.stop_requested or self.cadence.done(state):
                     return True
-                if state.global_step % trainer.checkpoint_every_steps == 0:
+                if self.cadence.checkpoint_now(state):
                     self.save()
                 if epoch_finished:
                     return False
@@ -222,11 +241,6 @@ class Trainer:
         self.logger.close(failed=True)
         self.consumed.close()
         self.status.close()
-
-    def _done(self) -> bool:
-        if self.data.total_steps is not None:  # equal-token steps: the same step count for every strategy
-            return self.state.global_step >= self.data.total_steps
-        return self.state.tokens_seen >= self.data.total_tokens
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Stop signals finish the step and checkpoint; returns the handlers they replaced."""

@@ -156,17 +156,30 @@ def _default_stop_signals():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _forked_pool_reads(path: str, cache_dir: str) -> list:
+    """In a process of its own: load the samples, touch the Arrow table, then read it from two forked workers."""
+    import multiprocessing
+
+    samples = load_samples(DataConfig(source=path, cache_dir=cache_dir), progress=False)
+    samples.sample(0)  # the parent has touched the Arrow table before forking
+    with multiprocessing.get_context("fork").Pool(2, initializer=_default_stop_signals) as pool:
+        # a bound on the wait: a worker deadlocked by the fork fails the test instead of hanging the suite
+        return pool.starmap_async(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])]).get(timeout=60)
+
+
 def test_samples_in_forked_workers(tmp_path: Path):
+    """DataLoader workers fork from a rank that has read the samples. The forking parent is a fresh process: a
+    test process may hold other tests' threads (W&B's service, telemetry), and forking a process with threads can
+    deadlock the child whatever the samples do."""
+    import concurrent.futures
     import multiprocessing
 
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"input_ids": IDS}), path)
-    samples = load_samples(_cfg(path, tmp_path), progress=False)
-    samples.sample(0)  # the parent has touched the Arrow table before forking
-    with multiprocessing.get_context("fork").Pool(2, initializer=_default_stop_signals) as pool:
-        # a bound on the wait: a worker deadlocked by the fork fails the test instead of hanging the suite
-        results = pool.starmap_async(_read_in_worker, [(samples, [0, 1]), (samples, [3, 2])]).get(timeout=60)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as parent:
+        results = parent.submit(_forked_pool_reads, str(path), str(tmp_path / "cache")).result(timeout=180)
     assert results == [IDS[:2], [IDS[3], IDS[2]]]
+    samples = load_samples(_cfg(path, tmp_path), progress=False)
     ids, mask = samples.sample(2)
     assert ids.flags.writeable and mask.flags.writeable
     assert samples.samples([]) == []

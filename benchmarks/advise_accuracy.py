@@ -8,8 +8,8 @@ strategy trains for real, rounds interleaved; the table gives predicted and meas
 real tokens/s, the error, and both rankings. Goal: every strategy within ±10 %, the same ranking.
 
 ``--placement``: the disaggregated placement instead (``--split T+D``, default 1 target rank + 1 drafter rank,
-one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks (at most one a core; the simulation shares the cores among the processes computing), and the link
-measured by two ranks (:mod:`harness.advise.link`) predict both placements over each run's first steps, replayed
+one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks (at most one a
+core; the simulation shares the cores among the processes computing), and the link measured by two ranks (:mod:`harness.advise.link`) predict both placements over each run's first steps, replayed
 micro-batch by micro-batch (:mod:`harness.advise.schedule`); then each strategy trains both ways, rounds
 interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
 (goal: the split within ±15%), the ratio of the two, and whether the placements' measured order is predicted
@@ -196,9 +196,9 @@ def placement_check(args: argparse.Namespace) -> None:
         for round_index in range(args.rounds):
             # calibrated afresh each round, just before its runs: a shared machine's speed drifts by more than the
             # goal over the minutes of a benchmark, and a round's runs are compared with its own prediction
-            round_predicted, *method = predict_placements(device, strategies, world, target_ranks, tokens)
+            round_predicted, method = predict_placements(device, strategies, world, target_ranks, tokens)
             predicted.append(round_predicted)
-            methods.append(tuple(method))
+            methods.append(method)
             order = [(s, p) for s in strategies for p in layouts]
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
                 overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
@@ -236,20 +236,20 @@ SPLIT_GOAL = 0.15
 
 
 def predict_placements(device: list[str], strategies: list[str], world: int, target_ranks: int,
-                       tokens: int) -> tuple[dict, object, object, int]:
+                       tokens: int) -> tuple[dict, tuple]:
     """Every strategy's predicted colocated and ``target_ranks`` split tokens/s over a run's first ``tokens`` real
-    tokens: the stage fits calibrated now by as many concurrent CPU ranks as the runs have, up to one a core
+    tokens, and what :func:`prediction_method` says how with, ``(calibration, link, max_tokens)``: the stage fits calibrated now by as many concurrent CPU ranks as the runs have, up to one a core
     (batchlab-advise's rule, :func:`harness.advise.predict.calibration_ranks`), the link measured now by two ranks,
     the placements simulated (``harness/advise/schedule.py``) with the processes sharing the cores."""
     from harness.advise.link import calibrate_link
-    from harness.advise.predict import LinkModel, calibration_ranks, predict
+    from harness.advise.predict import LinkModel, calibration_ranks, predict, shared_cores
     from harness.train.config import compose_run_config
 
-    on_cpu = "trainer.device=cuda" not in device
-    config, lengths, calibration = calibrated(device, local_ranks=calibration_ranks(world, "cpu" if on_cpu else "cuda"))
+    kind = "cuda" if "trainer.device=cuda" in device else "cpu"
+    config, lengths, calibration = calibrated(device, local_ranks=calibration_ranks(world, kind))
     with tempfile.TemporaryDirectory() as scratch:  # measured now, never from the cache
         cost, _ = calibrate_link(compose_run_config(["logger=none", "trainer.progress=false", *device]), Path(scratch))
-    cores = float(os.cpu_count() or 1) if on_cpu else None
+    cores = shared_cores(kind)
     link = LinkModel(cost, cores=cores, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
     label = f"{target_ranks}+{world - target_ranks}"
     predicted = {}
@@ -257,7 +257,7 @@ def predict_placements(device: list[str], strategies: list[str], world: int, tar
                      seed=config.seed, link=link, run_tokens=tokens, cores=cores):
         split = next(r for r in p.placement["splits"] if r["split"] == label)
         predicted[p.strategy] = {"colocated": p.placement["colocated_tokens_per_second"], **split}
-    return predicted, calibration, link, config.trainer.max_tokens
+    return predicted, (calibration, link, config.trainer.max_tokens)
 
 
 def prediction_method(methods: list[tuple]) -> str:
@@ -282,7 +282,8 @@ def prediction_method(methods: list[tuple]) -> str:
         f"Predicted before each round's runs from a calibration measured at the start of that round by {ranks} "
         f"concurrent ranks (over the rounds: the target {spread(target_ms)} ms per full micro-batch of slots, the "
         f"drafter {spread(drafter_ms, 2)} ms a block) and the link measured by two ranks (`harness/advise/link.py`; a "
-        f"full micro-batch: send {spread(send_ms)} ms, receive {spread(receive_ms)} ms, unpack {spread(unpack_ms)} ms), "
+        f"full micro-batch: send {spread(send_ms)} ms, receive {spread(receive_ms)} ms, "
+        f"unpack {spread(unpack_ms)} ms), "
         "both placements simulated micro-batch by micro-batch "
         "(`harness/advise/schedule.py`: credits seen at the poll's ticks, a step's micro-batches taken together, "
         f"a drafter rank's receiving thread taking turns with its loop, the processes computing at each moment "

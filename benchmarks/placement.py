@@ -7,8 +7,9 @@
    tokens/s end to end and the ratio, the target ranks' busy fraction, the drafter's idle fraction,
    bytes moved per second, and each colocated rank's target and drafter time per micro-batch.
    Predicted before each round's runs (``advise_accuracy.predict_placements``): the stage fits calibrated by
-   concurrent ranks, one a core (on 2 cores, the 3 processes are simulated sharing them), and the link measured by two, both placements simulated (``harness/advise/schedule.py``), each
-   run's tokens/s against its prediction.
+   concurrent ranks, one a core (on 2 cores, the 3 processes are simulated sharing them), and the link measured
+   by two, both placements simulated (``harness/advise/schedule.py``), each run's tokens/s against its
+   prediction.
 2. Modelled (labelled as a model, nothing runs on a GPU): the reference run's shape, the 27B-class
    target and a 5-layer drafter on 8 GPUs, on the ``chat-902k`` lengths at ``max_tokens=16384``.
    Per micro-batch the target stage costs ``a * slots + b * sum(len^2)`` and the drafter stage
@@ -132,16 +133,6 @@ def model_8gpu(strategies) -> list[dict]:
     return rows
 
 
-def predicted_placements(strategies, tokens: int) -> tuple[dict, tuple]:
-    """The measured runs predicted before they run (``benchmarks/advise_accuracy.py``'s placement prediction: the
-    stage fits and the link calibrated now, both placements simulated): per strategy colocated on 3 ranks and the
-    2 + 1 split; and what ``advise_accuracy.prediction_method`` says how with."""
-    from advise_accuracy import predict_placements
-
-    predicted, calibration, link, max_tokens = predict_placements(["trainer.device=cpu"], list(strategies), 3, 2, tokens)
-    return predicted, (calibration, link, max_tokens)
-
-
 def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: float, command: str,
            predicted: list[dict], methods: list[tuple]) -> str:
     from advise_accuracy import placement_table, prediction_method
@@ -182,7 +173,8 @@ def render(measured, modelled, strategies, tokens: int, rounds: int, elapsed: fl
     stages = {s: [(r["target_busy"], r["drafter_idle"]) for r in measured[(s, "disaggregated")]] for s in strategies}
     table, verdict = placement_table(strategies, predicted, {k: [r["tokens_per_second"] for r in v]
                                                             for k, v in measured.items()}, stages, "disaggregated")
-    lines += [f"**Predicted against measured** (the same runs, 3 ranks on {os.cpu_count()} cores). " + prediction_method(methods), "",
+    lines += [f"**Predicted against measured** (the same runs, 3 ranks on {os.cpu_count()} cores). "
+              + prediction_method(methods), "",
               table, "", verdict, ""]
     lines.append(
         f"**Modelled, not measured**: {MODEL_GPUS} GPUs, the 27B-class target and a {MODEL_DRAFTER_LAYERS}-layer "
@@ -225,11 +217,14 @@ def main() -> None:
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     started = time.time()
+    from advise_accuracy import predict_placements
+
     predicted: list[dict] = []
     methods: list[tuple] = []
 
     def predict_round(round_index: int) -> None:  # noqa: ARG001 - calibrated afresh each round (prediction_method)
-        round_predicted, method = predicted_placements(strategies, args.tokens)
+        # the measured runs predicted before they run: colocated on 3 ranks and the 2 + 1 split
+        round_predicted, method = predict_placements(["trainer.device=cpu"], strategies, 3, 2, args.tokens)
         predicted.append(round_predicted)
         methods.append(method)
 

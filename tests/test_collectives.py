@@ -43,7 +43,8 @@ COLLECTIVES = frozenset({
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
                             "recv_object_list"})
 ALLOWED = {"harness/train/distributed.py": COLLECTIVES, "harness/train/placement/link.py": POINT_TO_POINT,
-           "harness/train/placement/target_producer.py": POINT_TO_POINT, "harness/train/placement/drafter_link.py": POINT_TO_POINT,
+           "harness/train/placement/target_producer.py": POINT_TO_POINT,
+           "harness/train/placement/drafter_link.py": POINT_TO_POINT,
            "harness/advise/link.py": POINT_TO_POINT}  # the link's microbenchmark plays its two ends
 
 

@@ -103,7 +103,7 @@ def test_no_module_imports_a_private_name_from_outside_its_package():
 
 
 def test_the_private_import_scan_finds_each_form(tmp_path, monkeypatch):
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     source = tmp_path / "mod.py"
     source.write_text("from strategies._random import generator\nfrom harness.models.config import _X\n"
                       "import strategies._kernels\nfrom harness.models import config\nfrom harness.train.x import _y\n")

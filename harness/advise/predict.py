@@ -132,13 +132,18 @@ class LinkModel:
     dispatch: str = "dynamic"
 
 
-def calibration_ranks(world_size: int, device: str, cores: int | None = None) -> int:
-    """How many ranks calibrate together for a job of ``world_size`` ranks: on CPU as many as the job runs, up to
-    one a core (each with a core's share of the threads; more ranks than cores are simulated sharing them), on a
-    GPU one."""
+def shared_cores(device: str) -> float | None:
+    """The cores a job's CPU ranks share (this machine's), None on GPUs (a device each)."""
     import os
 
-    return min(world_size, cores or os.cpu_count() or 1) if device == "cpu" else 1
+    return float(os.cpu_count() or 1) if device == "cpu" else None
+
+
+def calibration_ranks(world_size: int, device: str, cores: int | None = None) -> int:
+    """How many ranks calibrate together for a job of ``world_size`` ranks: on CPU as many as the job runs, up to
+    one a core (``cores``, default :func:`shared_cores`; each with a core's share of the threads; more ranks than
+    cores are simulated sharing them), on a GPU one."""
+    return int(min(world_size, cores or shared_cores(device))) if device == "cpu" else 1
 
 
 def placement(plan: Any, make_plan: Any, calibration: Calibration, allreduce: AllReduce = no_allreduce,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,7 +92,7 @@ def advise(args: argparse.Namespace) -> int:
 
     import strategies
     from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, is_cached, target_bytes
-    from harness.advise.predict import calibration_ranks, predict, recommendation
+    from harness.advise.predict import calibration_ranks, predict, recommendation, shared_cores
     from harness.cli.overrides import check_override, group_options
     from harness.cli.plan import select_strategies
     from harness.data.config import DataConfig
@@ -177,7 +176,7 @@ def advise(args: argparse.Namespace) -> int:
     # CPU ranks share this machine and are measured together (cores and the gradients' all-reduce shared), each
     # with its own copy of the target, up to one a core (more ranks than cores are simulated sharing them)
     local_ranks = calibration_ranks(args.world_size, args.device)
-    cores = float(os.cpu_count() or 1) if args.device == "cpu" else None
+    cores = shared_cores(args.device)
     cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
     weights, free = target_bytes(config), available_bytes(args.device)
     if weights * local_ranks > free and (args.recalibrate or not is_cached(config, cache_dir, local_ranks)):

@@ -36,12 +36,12 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
+from harness.train.launch.run_log import RUN_LOG, copied_to
 from harness.train.loop.epoch_data import select_rows
 from harness.train.loop.metrics import write_json_atomic
-from harness.train.launch.run_log import RUN_LOG, copied_to
+from harness.train.placement.registry import place, placement_kind
 from harness.train.rank_models import EMBEDDED_TARGET, pretrained_target_path
 from harness.train.status import STATUS_DIR, describe, read_statuses
-from harness.train.placement.registry import place, placement_kind
 
 
 class RunDirectoryInUse(ValueError):

@@ -13,21 +13,21 @@ from typing import Any
 import torch
 
 from harness.train.batch import BatchCollator
-from harness.train.loop.checkpoint import CheckpointManager, RngState, TorchState
 from harness.train.config import RunConfig
-from harness.train.loop.consumed import ConsumedSamples
 from harness.train.distributed import Collectives
+from harness.train.loop.checkpoint import CheckpointManager, RngState, TorchState
+from harness.train.loop.consumed import ConsumedSamples
 from harness.train.loop.epoch_data import EpochData
 from harness.train.loop.evaluator import Evaluator
-from harness.train.placement.feature_source import SourceInputs
 from harness.train.loop.grad_stats import GradientStatistics, summing_comm_hook
-from harness.train.loop.metrics import build_logger
-from harness.train.rank_models import DrafterModel, rank_device
 from harness.train.loop.lr_schedule import TokenCosineSchedule
-from harness.train.status import RankStatus
-from harness.train.placement.registry import COLOCATED, Placement, placement_kind
+from harness.train.loop.metrics import build_logger
 from harness.train.loop.train_state import TrainState
 from harness.train.loop.trainer import Trainer
+from harness.train.placement.feature_source import SourceInputs
+from harness.train.placement.registry import COLOCATED, Placement, placement_kind
+from harness.train.rank_models import DrafterModel, rank_device
+from harness.train.status import RankStatus
 
 
 def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,

@@ -18,11 +18,10 @@ from typing import Any
 import numpy as np
 
 from harness.data.samples import TokenizedSamples, ValidationReport, heldout_split, load_samples, validate_samples
-from harness.train.loop import checkpoint as ckpt
 from harness.train.config import RunConfig
+from harness.train.loop import checkpoint as ckpt
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics
-
 
 #: the held-out length terciles, shortest first (evaluated separately: forgetting shows per length range)
 LENGTH_GROUPS = ("short", "mid", "long")

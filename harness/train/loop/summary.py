@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-
 from harness.step_averages import step_averages
 from harness.train.loop.metrics import METRICS_FILE, read_metrics
 

@@ -1,7 +1,8 @@
 """The training loop: the DFlash drafter on a frozen target's features, batched by one strategy.
 
 Per optimizer step, on every rank, for each of its ``grad_accum`` micro-batches of the epoch's plan:
-target features (computed here or received: the rank's :class:`~harness.train.placement.feature_source.FeatureSource`) →
+target features (computed here or received: the rank's
+:class:`~harness.train.placement.feature_source.FeatureSource`) →
 drafter forward and backward of ``Σ(w·CE) / W``, where ``W`` = Σw over the *whole global step* (every
 rank, every micro-batch), all-reduced from the collated Σw **before** the first backward. DDP syncs only on
 the last micro-batch and sums gradients (its division by world size is undone by
@@ -9,7 +10,8 @@ the last micro-batch and sums gradients (its division by world size is undone by
 objective whatever the grouping. Then clip on the global norm, AdamW, and a cosine schedule in tokens seen.
 
 The :class:`Trainer` holds the loop only — :meth:`~Trainer.train`, :meth:`~Trainer.train_step`,
-:meth:`~Trainer.forward_backward_step` — and is handed its components (:func:`harness.train.loop.build.build_trainer`):
+:meth:`~Trainer.forward_backward_step` — and is handed its components
+(:func:`harness.train.loop.build.build_trainer`):
 the epoch data and plans, the models, the feature source, the gradient statistics, the evaluator, the
 consumed-sample counts, the checkpoints, the logger. Rank-0-only work (files, W&B, the progress bar)
 goes through the logger and ``env.is_main`` only.
@@ -111,7 +113,8 @@ class Trainer:
         self.save()
         summary = run_summary(
             config=self.config, world_size=self.env.world_size, data=self.data, state=state,
-            interrupted=self.stop_requested and not self.cadence.done(state), wall_time=time.perf_counter() - wall_started,
+            interrupted=self.stop_requested and not self.cadence.done(state),
+            wall_time=time.perf_counter() - wall_started,
             seen_at_most_once=self.consumed.at_most_once(),
             extra={**self.source.summary(), "torch_threads": torch.get_num_threads()},  # this rank's CPU threads
             run_dir=self.run_dir if self.env.is_main else None)

@@ -1,4 +1,5 @@
-"""The built-in placements, registered by name: ``colocated`` and ``disaggregated`` (see :mod:`harness.train.placement.registry`)."""
+"""The built-in placements, registered by name: ``colocated`` and ``disaggregated``
+(see :mod:`harness.train.placement.registry`)."""
 
 from __future__ import annotations
 

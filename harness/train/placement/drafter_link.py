@@ -20,6 +20,7 @@ import torch.distributed as dist
 from harness.models.target import TargetFeatures
 from harness.train.batch import BatchCollator, TrainingBatch
 from harness.train.config import TopologyConfig
+from harness.train.placement.feature_source import SourceInputs, StepBatches
 from harness.train.placement.link import (
     HEADER_FIELDS,
     HEADER_INDEX,
@@ -36,9 +37,8 @@ from harness.train.placement.link import (
     store_key,
     unpack,
 )
-from harness.train.placement.feature_source import SourceInputs, StepBatches
-from harness.train.status import describe, read_statuses
 from harness.train.placement.registry import Placement
+from harness.train.status import describe, read_statuses
 from strategies import Plan
 
 

@@ -10,8 +10,8 @@ registered in :mod:`harness.train.placement.builtin` (imported by the package's 
 ``colocated`` (the default): every rank runs the frozen target and the drafter; DDP on the drafter over
 the whole job. ``disaggregated``: the job's ``drafter_ranks + target_ranks`` ranks split in two roles:
 
-* global ranks ``0 .. drafter_ranks - 1`` are **drafter ranks**: each runs a :class:`~harness.train.loop.trainer.Trainer`
-  whose features come from the target ranks (:class:`~harness.train.placement.drafter_link.DrafterLink`). They form
+* global ranks ``0 .. drafter_ranks - 1`` are **drafter ranks**: each runs a
+  :class:`~harness.train.loop.trainer.Trainer` whose features come from the target ranks (:class:`~harness.train.placement.drafter_link.DrafterLink`). They form
   their own process group (``dist.new_group``): DDP, the Σw all-reduce, the metric gathers, eval and
   checkpoints run over it only, and the plan is made for ``world_size = drafter_ranks``. Global rank 0
   is drafter rank 0, the one that writes files. Eval runs there too, on a local copy of the target.

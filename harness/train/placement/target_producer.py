@@ -36,8 +36,8 @@ from harness.train.placement.link import (
     payload_fields,
     store_key,
 )
-from harness.train.status import RankStatus, describe, read_statuses
 from harness.train.placement.registry import Placement
+from harness.train.status import RankStatus, describe, read_statuses
 from strategies import Plan
 
 

@@ -56,7 +56,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout
 
 import strategies  # noqa: E402
 from harness.data.profiles import lognormal_lengths, profile_lengths  # noqa: E402
-from strategies.edges import _cached_edges, bucket_edges  # noqa: E402
+from strategies.edges import cached_edges, bucket_edges  # noqa: E402
 from strategies.metrics import plan_metrics  # noqa: E402
 from results_file import cpu_model, write_section  # noqa: E402
 
@@ -189,7 +189,7 @@ def measure_edges(lengths: np.ndarray) -> tuple[dict[tuple[str, int], float], di
     efficiency, seconds = {}, {}
     for method in EDGE_TABLE_METHODS:
         for buckets in EDGE_BUCKET_COUNTS:
-            _cached_edges.cache_clear()
+            cached_edges.cache_clear()
             started = time.perf_counter()
             edges = bucket_edges(lengths, buckets, method, budget=budget)
             seconds[(method, buckets)] = time.perf_counter() - started

@@ -44,7 +44,7 @@ from harness.models.config import load_target_config
 from harness.pretrain import lm
 from harness.pretrain.target import (
     PretrainConfig,
-    _initial_model,
+    initial_model,
     make_optimizer,
     trainable_model,
 )
@@ -99,7 +99,7 @@ def run(tokens: int, max_tokens: int, repeats: int, threads: int, seed: int, max
     kwargs["vocab_size"] = samples.vocab_size
     config = load_target_config(kwargs)
     settings = PretrainConfig(max_tokens=max_tokens)
-    reference = _initial_model(config, seed)
+    reference = initial_model(config, seed)
     state = copy.deepcopy(reference.state_dict())
     batches = {}
     for name, (_, layout) in LAYOUTS.items():

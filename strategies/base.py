@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 
 from ._assemble import MicroBatches, assemble
-from ._kernels import token_step_cuts
+from .kernels import token_step_cuts
 from .balance import RankBalance
 from .epoch_plan import MAX_BUDGET_TOKENS, Budget, Layout, Plan, segment_reduce
 from .validate import (

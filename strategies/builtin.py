@@ -3,7 +3,7 @@
 Each strategy is a small frozen dataclass whose fields are its options and whose :meth:`plan` maps
 ``(lengths, budget, seed, epoch, world_size, grad_accum)`` to a :class:`Plan`; see the package
 docstring for the semantics of each. All randomness comes from ``(seed, epoch, purpose)``
-generators (:mod:`strategies._random`); the sequential loops are compiled (:mod:`strategies._kernels`).
+generators (:mod:`strategies._random`); the sequential loops are compiled (:mod:`strategies.kernels`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 
 from ._assemble import MicroBatches
-from ._kernels import BEST_FIT_MAX_CAPACITY, best_fit_packed, first_fit_packed, greedy_fill_padded
+from .kernels import BEST_FIT_MAX_CAPACITY, best_fit_packed, first_fit_packed, greedy_fill_padded
 from ._random import STATIC_EPOCH, Purpose, generator
 from .base import CliOption, Strategy, cut_token_steps, micro_batch_real_tokens
 from .edges import EDGE_METHODS, _edges_from_histogram, explicit_edges, length_histogram, parse_edges

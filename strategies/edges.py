@@ -17,7 +17,7 @@ Methods:
   form the distribution of its rows, its expected padded slots and its expected real tokens; the
   bucket costs its tokens times their ratio (renewal-reward), and its samples have
   ``E[rows (rows - 1)] / E[rows]`` micro-batch partners each (the formulas are in
-  ``strategies._kernels``; a brute-force enumeration of the draws checks them in the tests). The
+  ``strategies.kernels``; a brute-force enumeration of the draws checks them in the tests). The
   rows are modelled draw by draw, not as one row count per bucket, because a wide bucket (which a
   ``max_recurrence`` bound forces on small datasets) mixes micro-batches of very different row
   counts: one row count calls it unpadded and lets the DP spend edges on one-sample buckets. The
@@ -31,13 +31,13 @@ Methods:
   equal-token quantiles plus the ``quantile``, ``equal_tokens`` and ``dp_upper`` edges for the same
   number of buckets. So it is never worse, under its objective, than those three; the grid costs
   little (a finer one barely lowers the objective: docs/design.md §4) and bounds the O(K * C^2) DP
-  and its O(C^2) bucket costs (:func:`strategies._kernels.budget_bucket_costs`) by the grid, not by
+  and its O(C^2) bucket costs (:func:`strategies.kernels.budget_bucket_costs`) by the grid, not by
   the number of distinct lengths; they are paid once per dataset. It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).
   With ``max_recurrence`` (the ``bucketed`` option, default 0.1) a bucket whose modelled
   composition recurrence (the chance that a pair of one epoch shares a micro-batch again in the next:
   ``partners / (samples - 1)``, over the samples at most half the budget long when a bucket straddles
-  it) exceeds the bound costs ``inf`` (:func:`strategies._kernels.bucket_recurrence`; a one-sample
+  it) exceeds the bound costs ``inf`` (:func:`strategies.kernels.bucket_recurrence`; a one-sample
   bucket that could share a micro-batch is alone in the same one every epoch and counts as 1): a minimum
   population per bucket, inside the DP, so the optimum is taken over the feasible splits only (the
   number of buckets then follows the dataset). With no feasible split the DP returns one bucket.
@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from ._kernels import (
+from .kernels import (
     bucket_fill_model,
     bucket_recurrence,
     pairable_count,
@@ -101,7 +101,7 @@ def expected_padded_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
     return int(edges[np.searchsorted(edges, lengths, side="left")].sum())
 
 
-def _max_rows(budget: Budget) -> int:
+def budget_max_rows(budget: Budget) -> int:
     """Most rows of a micro-batch: ``max_samples``, or ``max_tokens`` (every length is >= 1)."""
     return budget.max_tokens if budget.max_samples is None else min(budget.max_samples, budget.max_tokens)
 
@@ -124,7 +124,7 @@ def expected_budget_slots(lengths: np.ndarray, edges: Sequence[int] | np.ndarray
     for end in bucket_ends:
         if end < start:  # an empty bucket
             continue
-        slots, _ = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        slots, _ = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, budget_max_rows(budget))
         total += slots
         start = int(end) + 1
     return total
@@ -136,7 +136,7 @@ def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.nd
     ``samples x partners / (pairable x (pairable - 1))`` (at most 1; ``partners / (samples - 1)`` when
     every sample is at most half the budget long) with ``partners`` the modelled micro-batch partners
     of a sample of the bucket and ``pairable`` its samples that can share a micro-batch
-    (:func:`strategies._kernels.bucket_recurrence`), in bucket order.
+    (:func:`strategies.kernels.bucket_recurrence`), in bucket order.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     edges = np.asarray(edges, dtype=np.int64)
@@ -148,14 +148,14 @@ def modelled_bucket_recurrence(lengths: np.ndarray, edges: Sequence[int] | np.nd
     for end in bucket_ends:
         if end < start:
             continue
-        _, partners = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
-        pairable = pairable_count(values, prefix, start, int(end), budget.max_tokens, _max_rows(budget))
+        _, partners = bucket_fill_model(values, prefix, start, int(end), budget.max_tokens, budget_max_rows(budget))
+        pairable = pairable_count(values, prefix, start, int(end), budget.max_tokens, budget_max_rows(budget))
         result.append(bucket_recurrence(partners, int(prefix[end + 1] - prefix[start]), pairable))
         start = int(end) + 1
     return np.asarray(result, dtype=np.float64)
 
 
-def _dp_candidates(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> np.ndarray:
+def dp_candidates(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> np.ndarray:
     """Indices into ``values`` where the budget-aware DP may end a bucket (module docstring)."""
     if values.size <= 2 * DP_CANDIDATES_PER_GRID:
         return np.arange(values.size, dtype=np.int64)
@@ -181,7 +181,7 @@ def _budget_dp_edges(
     max_rows: int,
     max_recurrence: float | None = None,
 ) -> np.ndarray:
-    candidates = _dp_candidates(values, counts, num_buckets)
+    candidates = dp_candidates(values, counts, num_buckets)
     bound = 1.0 if max_recurrence is None else float(max_recurrence)
     costs = budget_bucket_costs(values, counts, candidates, max_tokens, max_rows, bound)
     ends, _ = dp_over_bucket_costs(costs, num_buckets)
@@ -199,7 +199,7 @@ def _quantile_edges(values: np.ndarray, weights: np.ndarray, num_buckets: int) -
 
 
 @lru_cache(maxsize=64)
-def _cached_edges(
+def cached_edges(
     values_bytes: bytes,
     counts_bytes: bytes,
     num_buckets: int,
@@ -272,9 +272,9 @@ def _edges_from_histogram(
     # only the budget-aware dp depends on the budget; other methods share one cache entry
     uses_budget = method == "dp" and budget is not None
     max_tokens = budget.max_tokens if uses_budget else None
-    max_rows = _max_rows(budget) if uses_budget else None
+    max_rows = budget_max_rows(budget) if uses_budget else None
     bound = None if not uses_budget or max_recurrence is None or max_recurrence >= 1 else float(max_recurrence)
-    edges = _cached_edges(values_bytes, counts_bytes, num_buckets, method, max_tokens, max_rows, bound)
+    edges = cached_edges(values_bytes, counts_bytes, num_buckets, method, max_tokens, max_rows, bound)
     return np.array(edges, dtype=np.int64)
 
 

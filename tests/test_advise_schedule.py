@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.advise.schedule import LinkCost, _Event, _Machine, simulate_colocated, simulate_split
+from harness.advise.schedule import LinkCost, Event, Machine, simulate_colocated, simulate_split
 from harness.advise.stages import StageCost, Terms, colocated_seconds, split_seconds
 from harness.train.placement.link import POLL_FIRST_S, POLL_MAX_S
 from strategies import Budget, build_strategy
@@ -30,7 +30,7 @@ def stage_seconds(plan):
 
 
 def test_a_credit_is_seen_at_the_poll_loops_next_tick():
-    machine, event, resumed = _Machine(None), _Event(), []
+    machine, event, resumed = Machine(None), Event(), []
 
     def waiter():
         yield ("poll", event)
@@ -143,14 +143,14 @@ def test_the_link_is_measured_by_two_ranks_fitted_and_cached(tmp_path, batchlab_
 def test_ranks_calibrating_together_count_every_ranks_runs(batchlab_cache):
     """With more ranks than cores the scheduler decides which rank gets a core first: the calibration keeps every
     rank's runs of a shape (the median is a typical rank's), not rank 0's alone."""
-    from harness.advise.calibrate import REPEATS, Shape, _concurrent_rank
+    from harness.advise.calibrate import REPEATS, Shape, concurrent_rank
     from harness.train.config import compose_run_config
     from harness.train.distributed import launch
 
     config = compose_run_config(["experiment=smoke", "trainer.max_tokens=256", "logger=none",
                                  "trainer.threads_per_rank=1"])
     shapes = [Shape("packed", (128, 128)), Shape("padded", (64, 64))]
-    results = launch(_concurrent_rank, (config, shapes), 2, run_id="test-concurrent-calibration")
+    results = launch(concurrent_rank, (config, shapes), 2, run_id="test-concurrent-calibration")
     assert len(results) == len(shapes)
     for times, target_times, step_s in results:
         assert len(times) == len(target_times) == 2 * REPEATS  # both ranks' runs

@@ -203,17 +203,17 @@ def test_a_target_checkpoint_brings_its_own_tokenizer(tmp_path):
     from train_support import compose_config
 
     from harness.train.config import run_config_from_dict
-    from harness.train.launch.run import _with_target_tokenizer
+    from harness.train.launch.run import with_target_tokenizer
 
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     base = ["experiment=smoke", f"target.pretrained={checkpoint}"]
     config = compose_config(base)
-    assert _with_target_tokenizer(run_config_from_dict(config), config) == config  # no tokenizer files there
+    assert with_target_tokenizer(run_config_from_dict(config), config) == config  # no tokenizer files there
     (checkpoint / "tokenizer_config.json").write_text("{}")
-    assert _with_target_tokenizer(run_config_from_dict(config), config)["data"]["tokenizer"] == str(checkpoint)
+    assert with_target_tokenizer(run_config_from_dict(config), config)["data"]["tokenizer"] == str(checkpoint)
     given = compose_config([*base, f"data.tokenizer={tmp_path}"])
-    assert _with_target_tokenizer(run_config_from_dict(given), given)["data"]["tokenizer"] == str(tmp_path)
+    assert with_target_tokenizer(run_config_from_dict(given), given)["data"]["tokenizer"] == str(tmp_path)
 
 
 def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_turns(chat_tokenizer, tmp_path, capsys,

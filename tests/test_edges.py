@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 import strategies.edges as edges_module
 from harness.data.profiles import profile_lengths
 from strategies import Budget, LengthsError, bucket_edges, expected_padded_slots, plan
-from strategies._kernels import bucket_fill_model, budget_bucket_costs, dp_bucket_edges
+from strategies.kernels import bucket_fill_model, budget_bucket_costs, dp_bucket_edges
 from strategies.edges import (
-    _cached_edges,
-    _dp_candidates,
-    _max_rows,
+    cached_edges,
+    dp_candidates,
+    budget_max_rows,
     expected_budget_slots,
     explicit_edges,
     length_histogram,
@@ -116,9 +116,9 @@ def test_dp_is_fast_for_8192_lengths_and_64_buckets():
 def test_edges_are_cached_per_histogram():
     lengths = np.random.default_rng(3).integers(1, 3000, 50_000)
     first = bucket_edges(lengths, 12, "dp")
-    hits = _cached_edges.cache_info().hits
+    hits = cached_edges.cache_info().hits
     second = bucket_edges(np.random.default_rng(4).permutation(lengths), 12, "dp")  # same histogram
-    assert _cached_edges.cache_info().hits == hits + 1
+    assert cached_edges.cache_info().hits == hits + 1
     np.testing.assert_array_equal(first, second)
 
 
@@ -318,14 +318,14 @@ def test_bucket_cost_matrix_agrees_with_the_direct_model():
     values, counts = length_histogram(lengths)
     prefix = np.concatenate([[0], np.cumsum(counts)])
     for budget in (Budget(16384), Budget(9000, max_samples=12)):
-        candidates = _dp_candidates(values, counts, 16)
+        candidates = dp_candidates(values, counts, 16)
         assert candidates.size < values.size  # the compressed path
-        costs = budget_bucket_costs(values, counts, candidates, budget.max_tokens, _max_rows(budget))
+        costs = budget_bucket_costs(values, counts, candidates, budget.max_tokens, budget_max_rows(budget))
         rng = np.random.default_rng(5)
         for _ in range(2000):
             a, b = sorted(rng.integers(0, candidates.size, 2).tolist())
             start = 0 if a == 0 else candidates[a - 1] + 1
-            expected, _ = bucket_fill_model(values, prefix, start, candidates[b], budget.max_tokens, _max_rows(budget))
+            expected, _ = bucket_fill_model(values, prefix, start, candidates[b], budget.max_tokens, budget_max_rows(budget))
             assert costs[a, b] == pytest.approx(expected, rel=1e-9)
 
 
@@ -339,9 +339,9 @@ def test_candidate_grid_costs_almost_nothing(monkeypatch):
         compressed = expected_budget_slots(lengths, bucket_edges(lengths, num_buckets, "dp", budget=budget), budget)
         with monkeypatch.context() as patch:
             patch.setattr(edges_module, "DP_CANDIDATES_PER_GRID", values.size)
-            _cached_edges.cache_clear()
+            cached_edges.cache_clear()
             exact = expected_budget_slots(lengths, bucket_edges(lengths, num_buckets, "dp", budget=budget), budget)
-        _cached_edges.cache_clear()
+        cached_edges.cache_clear()
         assert exact <= compressed <= exact * 1.0005, num_buckets
         # the grid holds the other methods' edges, so the compressed DP still never loses to them
         for other in ("quantile", "equal_tokens", "dp_upper"):
@@ -368,7 +368,7 @@ def test_budget_dp_is_fast_on_the_chat_profile_at_64_buckets():
     lengths = profile_lengths("chat-902k")
     budget = Budget(16384)
     bucket_edges(lengths[:5000], 4, "dp", budget=budget)  # load the compiled kernels
-    _cached_edges.cache_clear()
+    cached_edges.cache_clear()
     start = time.perf_counter()
     edges = bucket_edges(lengths, 64, "dp", budget=budget)
     elapsed = time.perf_counter() - start
@@ -383,10 +383,10 @@ def test_budget_is_part_of_the_cache_key_only_for_dp():
     small, large = Budget(4096), Budget(65536)
     for_small, for_large = (bucket_edges(lengths, 6, "dp", budget=b) for b in (small, large))
     assert not np.array_equal(for_small, for_large)
-    hits = _cached_edges.cache_info().hits
+    hits = cached_edges.cache_info().hits
     bucket_edges(lengths, 6, "quantile", budget=small)
     bucket_edges(lengths, 6, "quantile", budget=large)  # the budget does not change quantile edges
-    assert _cached_edges.cache_info().hits == hits + 1
+    assert cached_edges.cache_info().hits == hits + 1
 
 
 @settings(max_examples=40, deadline=None)
@@ -395,7 +395,7 @@ def test_fill_model_partners_match_brute_force_on_tiny_buckets(case):
     lengths, budget, _ = case
     values, counts = length_histogram(lengths)
     prefix = np.concatenate([[0], np.cumsum(counts)])
-    slots, partners = bucket_fill_model(values, prefix, 0, values.size - 1, budget.max_tokens, _max_rows(budget))
+    slots, partners = bucket_fill_model(values, prefix, 0, values.size - 1, budget.max_tokens, budget_max_rows(budget))
     exact_slots, exact_partners = brute_force_fill(values.tolist(), counts.tolist(), budget)
     assert slots == pytest.approx(float(exact_slots), rel=1e-9)
     assert partners == pytest.approx(float(exact_partners), rel=1e-9, abs=1e-12)

@@ -26,7 +26,7 @@ from strategies import (
     strategy_options,
     unregister_strategy,
 )
-from strategies._kernels import best_fit_packed, first_fit_packed, greedy_fill_padded
+from strategies.kernels import best_fit_packed, first_fit_packed, greedy_fill_padded
 from strategies.balance import rank_costs
 
 #: the built-in strategies and their layouts (the registry may hold more)

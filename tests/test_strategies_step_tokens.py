@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from strategies import Budget, CostModel, RankBalance, available_strategies, build_strategy, plan, plan_remainder
-from strategies._kernels import token_step_cuts
+from strategies.kernels import token_step_cuts
 from strategies.balance import rank_costs
 
 ALL = available_strategies()

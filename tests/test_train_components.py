@@ -30,7 +30,7 @@ from harness.train.loop.grad_stats import (
     BucketNorms,
     GradientNoise,
     GradientStatistics,
-    _squared_norms,
+    squared_norms,
     small_batch_estimates,
 )
 from harness.train.loop.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
@@ -237,8 +237,8 @@ def test_gradient_norms_do_not_depend_on_the_bucket_layout():
         norms = BucketNorms()
         norms.start()
         for bucket in layout:
-            norms.local_sq.update(_squared_norms(_Bucket(bucket)))
-            norms.global_sq.update(_squared_norms(_Bucket(bucket)))
+            norms.local_sq.update(squared_norms(_Bucket(bucket)))
+            norms.global_sq.update(squared_norms(_Bucket(bucket)))
         totals.append(norms.stop())
     assert totals[0] == totals[1] == totals[2]  # bit for bit
     assert totals[0][0] == pytest.approx(sum(float(p.grad.double().square().sum()) for p in params), rel=1e-12)

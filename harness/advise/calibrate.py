@@ -220,7 +220,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
         if measure is None:
             from harness.train.distributed import launch
 
-            results = launch(_concurrent_rank, (config_dict, group), local_ranks,
+            results = launch(concurrent_rank, (config_dict, group), local_ranks,
                              run_id=f"batchlab-advise-{os.getpid()}-{time.time_ns()}")
         else:
             results = [measure(shape) for shape in group]
@@ -316,7 +316,7 @@ def _name(shape: Shape) -> str:
     return f"{shape.layout}:{','.join(map(str, shape.lengths))}"
 
 
-def _concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], list[float], float]]:
+def concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tuple[list[float], list[float], float]]:
     """One of the ranks measuring together (started by torch elastic): every shape after a barrier, the step
     with the gradients' all-reduce; returns every rank's runs of each shape together (the median is then a
     typical rank's: with more ranks than cores, which one gets a core first is the scheduler's choice, and one

@@ -74,7 +74,7 @@ class Simulated:
 # ---------------------------------------------------------------- the engine
 
 
-class _Event:
+class Event:
     """Something that happens once; processes wait for it."""
 
     def __init__(self) -> None:
@@ -95,7 +95,7 @@ class _Event:
                 callback()
 
 
-class _Machine:
+class Machine:
     """Processes (generators) yielding ``("work", seconds, process)``, ``("wait", event)`` or ``("poll", event)``;
     the work of one process's threads is serialised (Python's interpreter lock: the ranks' small tensors make
     their work mostly interpreter time), and the processes with work share ``cores`` (None: a device each)."""
@@ -169,13 +169,13 @@ class _Machine:
 class _Barrier:
     """The ranks meeting at a collective: each step's event fires when all ``parties`` have arrived."""
 
-    def __init__(self, machine: _Machine, parties: int) -> None:
+    def __init__(self, machine: Machine, parties: int) -> None:
         self.machine, self.parties = machine, parties
         self._arrived: dict[Any, int] = {}
-        self._events: dict[Any, _Event] = {}
+        self._events: dict[Any, Event] = {}
 
-    def arrive(self, key: Any) -> _Event:
-        event = self._events.setdefault(key, _Event())
+    def arrive(self, key: Any) -> Event:
+        event = self._events.setdefault(key, Event())
         self._arrived[key] = self._arrived.get(key, 0) + 1
         if self._arrived[key] == self.parties:
             event.fire(self.machine.now)
@@ -200,7 +200,7 @@ def simulate_colocated(plan: Any, target_s: np.ndarray, drafter_s: np.ndarray, s
     its first steps up to ``tokens`` real tokens when given (what a run stopped there measures)."""
     slots, steps = plan.rank_step_slots(), _steps(plan, tokens)
     work = (np.asarray(target_s) + np.asarray(drafter_s)).reshape(plan.num_steps, plan.world_size, plan.grad_accum)
-    machine = _Machine(cores)
+    machine = Machine(cores)
     barrier = _Barrier(machine, plan.world_size)
 
     def rank(r: int) -> Generator:
@@ -229,12 +229,12 @@ def simulate_split(drafter_plan: Any, target_s: np.ndarray, drafter_s: np.ndarra
     # plan's slot of each
     items = [item for item in (order.item(n) for n in range(len(order))) if item[0] < steps]
     flat = np.array([plan.micro_batch_index(step, d, accum) for step, accum, d in items], dtype=np.int64)
-    machine = _Machine(cores)
+    machine = Machine(cores)
     order_drafter = [d for _, _, d in items]
-    arrived = [_Event() for _ in range(len(items))]
+    arrived = [Event() for _ in range(len(items))]
     sender = np.full(len(items), -1)
     in_flight = np.zeros((target_ranks, drafters), dtype=np.int64)
-    credit_waits: dict[tuple[int, int], _Event] = {}
+    credit_waits: dict[tuple[int, int], Event] = {}
     next_index = itertools.count()
     barrier = _Barrier(machine, drafters)
     waited = [0.0]
@@ -247,7 +247,7 @@ def simulate_split(drafter_plan: Any, target_s: np.ndarray, drafter_s: np.ndarra
                 return
             d = items[n][2]
             if in_flight[k, d] >= max_in_flight:
-                credit_waits[(k, d)] = event = _Event()
+                credit_waits[(k, d)] = event = Event()
                 yield ("poll", event)
             in_flight[k, d] += 1
             sender[n] = k

@@ -231,7 +231,7 @@ def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _initial_model(config, seed: int):
+def initial_model(config, seed: int):
     """transformers' ``Qwen3_5ForCausalLM`` with its own initialisation under ``seed`` (fp32)."""
     from transformers import Qwen3_5ForCausalLM
 
@@ -350,7 +350,7 @@ def _build(tmp: Path, samples, train_rows: np.ndarray, heldout_rows: np.ndarray,
         if top >= config.vocab_size:
             raise ValueError(f"a {name} token id {top} is outside the target's vocabulary ({config.vocab_size})")
 
-    reference = _initial_model(config, settings.seed)
+    reference = initial_model(config, settings.seed)
     model = trainable_model(reference, settings.implementation)
     # the untrained model, evaluated on the packed eval path
     untrained_eval = HybridTarget(config)

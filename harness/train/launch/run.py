@@ -92,7 +92,7 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: {before.get(k)!r} -> {after.get(k)!r}" for k in keys if before.get(k) != after.get(k)]
 
 
-def _with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
+def with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
     """Conversations are tokenized with the target's own tokenizer and chat template by default: with
     ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint directory that holds a tokenizer, the
     config names it; any other config as it is."""
@@ -325,7 +325,7 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     try:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
-        config_dict = _with_target_tokenizer(config, config_dict)
+        config_dict = with_target_tokenizer(config, config_dict)
         return _with_regenerated_completions(run_config_from_dict(config_dict), config_dict)
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error

@@ -56,7 +56,7 @@ class BucketNorms:
         return math.fsum(self.local_sq.values()), math.fsum(self.global_sq.values())
 
 
-def _squared_norms(bucket: Any) -> dict[int, float]:
+def squared_norms(bucket: Any) -> dict[int, float]:
     """Each parameter's squared gradient norm in ``bucket`` (its gradients are views of the bucket's buffer)."""
     return {param.data_ptr(): float(grad.detach().double().square().sum())
             for param, grad in zip(bucket.parameters(), bucket.gradients())}
@@ -70,13 +70,13 @@ def summing_comm_hook(state, bucket):  # no annotations: DDP checks them, and th
     """
     buffer = bucket.buffer()
     if state.active:
-        state.local_sq.update(_squared_norms(bucket))
+        state.local_sq.update(squared_norms(bucket))
     future = state.comm.all_reduce_sum_future(buffer)
 
     def finished(fut: torch.futures.Future) -> torch.Tensor:
         reduced = fut.value()[0]
         if state.active:  # the all-reduce was in place: the gradient views now hold the global gradient
-            state.global_sq.update(_squared_norms(bucket))
+            state.global_sq.update(squared_norms(bucket))
         return reduced
 
     return future.then(finished)

@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 
 from ._assemble import MicroBatches, assemble
-from .kernels import token_step_cuts
 from .balance import RankBalance
 from .epoch_plan import MAX_BUDGET_TOKENS, Budget, Layout, Plan, segment_reduce
+from .kernels import token_step_cuts
 from .validate import (
     PreparedLengths,
     check_oversize_policy,

@@ -15,16 +15,16 @@ from hypothesis import strategies as st
 import strategies.edges as edges_module
 from harness.data.profiles import profile_lengths
 from strategies import Budget, LengthsError, bucket_edges, expected_padded_slots, plan
-from strategies.kernels import bucket_fill_model, budget_bucket_costs, dp_bucket_edges
 from strategies.edges import (
+    budget_max_rows,
     cached_edges,
     dp_candidates,
-    budget_max_rows,
     expected_budget_slots,
     explicit_edges,
     length_histogram,
     modelled_bucket_recurrence,
 )
+from strategies.kernels import bucket_fill_model, budget_bucket_costs, dp_bucket_edges
 
 
 def brute_force_min_slots(values: np.ndarray, counts: np.ndarray, num_buckets: int) -> int:

@@ -26,8 +26,8 @@ from strategies import (
     strategy_options,
     unregister_strategy,
 )
-from strategies.kernels import best_fit_packed, first_fit_packed, greedy_fill_padded
 from strategies.balance import rank_costs
+from strategies.kernels import best_fit_packed, first_fit_packed, greedy_fill_padded
 
 #: the built-in strategies and their layouts (the registry may hold more)
 BUILTIN_LAYOUTS = {

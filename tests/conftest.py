@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -11,6 +12,11 @@ from hypothesis import settings
 settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
+# Every rank a test starts, in this process or a fresh one (which inherits the environment), works inside
+# tests/rank_hook.py: the faults a test asks for, a slowed drafter, every rank's consumed samples logged
+# (harness.train.rank_hook reads the variable; the package's own runs never set it).
+os.environ["BATCHLAB_RANK_HOOK"] = str(Path(__file__).with_name("rank_hook.py"))
 
 
 @pytest.fixture(autouse=True)

@@ -267,7 +267,7 @@ TWO_RANKS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.pr
              "trainer.threads_per_rank=1", "trainer.max_tokens=512", "trainer.grad_accum=2",
              "trainer.stop_tokens=3000", "trainer.eval_every_tokens=3000", "trainer.eval_real_prompts=0",
              "trainer.grad_stats_every=1", "trainer.checkpoint_every_steps=1000",
-             "trainer.record_consumed=true", "trainer.nproc=2"]
+             "trainer.nproc=2"]
 
 
 def test_a_two_rank_run_hands_every_collective_a_tensor_a_cuda_run_could_send(tmp_path, batchlab_cache):

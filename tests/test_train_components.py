@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 import pytest
+import rank_hook
 import torch
 from train_support import compose_config
 
 from harness.models.drafter_loss import DrafterLoss
-from harness.train import faults
 from harness.train.loop.checkpoint import (
     CheckpointManager,
     CheckpointVersionError,
@@ -182,37 +182,42 @@ class _Batch:
         self.sample_indices = torch.tensor(rows)
 
 
-def test_consumed_counts_check_exactly_once_and_log_every_micro_batch(tmp_path):
-    consumed = ConsumedSamples(6, Collectives(RankEnv()), tmp_path, record=True)
-    consumed.open_log(0)
+def test_consumed_counts_check_exactly_once(tmp_path):
+    consumed = ConsumedSamples(6, Collectives(RankEnv()))
     consumed.add([_Batch([0, 2]), _Batch([4])], step=1, epoch=0, step_in_epoch=0)
     assert consumed.at_most_once()
     assert consumed.end_epoch(np.array([0, 2, 4])) is True and not consumed.counts.any()  # the next epoch restarts
     consumed.add([_Batch([1, 1])], step=2, epoch=1, step_in_epoch=0)
     assert not consumed.at_most_once()
     assert consumed.end_epoch(np.array([1])) is False
-    consumed.close()
+
+
+def test_the_tests_hook_logs_every_micro_batch_and_a_resume_cuts_the_log(tmp_path):
+    """tests/rank_hook.py's log of consumed samples (the run tests compare it): one line per micro-batch; a
+    resumed run rewrites what came after its checkpoint; the hook is undone when the rank's work ends."""
+    add = ConsumedSamples.add
+    with rank_hook.installed(0, tmp_path):
+        first = ConsumedSamples(4, Collectives(RankEnv()))
+        first.add([_Batch([0]), _Batch([1])], step=1, epoch=0, step_in_epoch=0)
+        for step in (2, 3):
+            first.add([_Batch([step])], step=step, epoch=0, step_in_epoch=step - 1)
+        saved = first.state_dict()
+    assert ConsumedSamples.add is add
     lines = [json.loads(line) for line in (tmp_path / "consumed" / "rank0.jsonl").read_text().splitlines()]
-    assert [line["rows"] for line in lines] == [[0, 2], [4], [1, 1]] and [line["step"] for line in lines] == [1, 1, 2]
-
-
-def test_a_resume_gives_the_counts_to_rank_0_and_truncates_the_log(tmp_path):
-    first = ConsumedSamples(4, Collectives(RankEnv()), tmp_path, record=True)
-    first.open_log(0)
-    for step in (1, 2, 3):
-        first.add([_Batch([step])], step=step, epoch=0, step_in_epoch=step - 1)
-    saved = first.state_dict()
-    first.close()
-    on_rank_1 = ConsumedSamples(4, Collectives(RankEnv(1, 2)), tmp_path / "r1", record=False)
+    assert [line["rows"] for line in lines] == [[0], [1], [2], [3]] and [line["step"] for line in lines] == [1, 1, 2, 3]
+    on_rank_1 = ConsumedSamples(4, Collectives(RankEnv(1, 2)))
     on_rank_1.load_state_dict(saved)
-    assert not on_rank_1.counts.any() and on_rank_1.resumed_total.tolist() == [0, 1, 1, 1]
-    resumed = ConsumedSamples(4, Collectives(RankEnv()), tmp_path, record=True)
-    resumed.load_state_dict(saved)
-    assert resumed.counts.tolist() == [0, 1, 1, 1]
-    resumed.open_log(2)  # the checkpoint was of step 2: the log's step 3 is redone
-    resumed.close()
+    assert not on_rank_1.counts.any() and on_rank_1.resumed_total.tolist() == [1, 1, 1, 1]
+    with rank_hook.installed(0, tmp_path):
+        resumed = ConsumedSamples(4, Collectives(RankEnv()))
+        resumed.load_state_dict(saved)
+        assert resumed.counts.tolist() == [1, 1, 1, 1]
+        resumed.add([_Batch([3])], step=3, epoch=0, step_in_epoch=2)  # the checkpoint was of step 2: step 3 redone
     steps = [json.loads(line)["step"] for line in (tmp_path / "consumed" / "rank0.jsonl").read_text().splitlines()]
-    assert steps == [1, 2]
+    assert steps == [1, 1, 2, 3]
+    with rank_hook.installed(0, tmp_path):  # a fresh run in the same directory starts a new log
+        ConsumedSamples(4, Collectives(RankEnv())).add([_Batch([1])], step=1, epoch=0, step_in_epoch=0)
+    assert len((tmp_path / "consumed" / "rank0.jsonl").read_text().splitlines()) == 1
 
 
 # ---------------------------------------------------------------- gradient statistics
@@ -372,14 +377,14 @@ def test_an_elastic_resume_plans_exactly_the_rest_of_the_epoch(batchlab_cache):
         data.replan_rest(0, consumed, "ckpt")
 
 
-# ---------------------------------------------------------------- faults (test-only)
+# ---------------------------------------------------------------- the tests' rank hook
 def test_the_fault_hook_is_off_unless_a_test_names_the_rank(monkeypatch):
-    monkeypatch.delenv(faults.TEST_FAIL_ENV, raising=False)
-    monkeypatch.delenv(faults.TEST_KILL_ENV, raising=False)
-    assert faults.stage_hook(0) is None
-    monkeypatch.setenv(faults.TEST_FAIL_ENV, "1:3:drafter_forward:raise")
-    assert faults.stage_hook(0) is None
-    hook = faults.stage_hook(1)
+    for name in (rank_hook.TEST_FAIL_ENV, rank_hook.TEST_KILL_ENV, rank_hook.DRAFTER_DELAY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    assert rank_hook.stage_hook(0) is None
+    monkeypatch.setenv(rank_hook.TEST_FAIL_ENV, "1:3:drafter_forward:raise")
+    assert rank_hook.stage_hook(0) is None
+    hook = rank_hook.stage_hook(1)
     hook("drafter_forward", 2)
     hook("optimizer", 3)
     with pytest.raises(RuntimeError, match="simulated failure of rank 1 in stage 'drafter_forward' of step 3"):
@@ -388,18 +393,38 @@ def test_the_fault_hook_is_off_unless_a_test_names_the_rank(monkeypatch):
 
 def test_kill_counts_a_targets_sends(monkeypatch):
     killed = []
-    monkeypatch.delenv(faults.TEST_FAIL_ENV, raising=False)
-    monkeypatch.setenv(faults.TEST_KILL_ENV, "2:3")
-    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append(sig))
-    hook = faults.stage_hook(2)
+    monkeypatch.delenv(rank_hook.TEST_FAIL_ENV, raising=False)
+    monkeypatch.setenv(rank_hook.TEST_KILL_ENV, "2:3")
+    monkeypatch.setattr(rank_hook.os, "kill", lambda pid, sig: killed.append(sig))
+    hook = rank_hook.stage_hook(2)
     for stage in ("target_forward", "send", "target_forward", "send", "wait_credit"):
         hook(stage, 1)
     assert killed == []
     hook("send", 2)
     assert len(killed) == 1
-    monkeypatch.setenv(faults.TEST_KILL_ENV, "2:x")
+    monkeypatch.setenv(rank_hook.TEST_KILL_ENV, "2:x")
     with pytest.raises(ValueError, match="expected RANK:N"):
-        faults.stage_hook(2)
+        rank_hook.stage_hook(2)
+
+
+def test_a_failure_lands_after_the_status_file_records_the_stage(tmp_path, monkeypatch):
+    """Through the package's seam (BATCHLAB_RANK_HOOK, set by conftest.py): the status file holds the stage the
+    rank failed in, and the hook is gone once the rank's work ends."""
+    from harness.train.rank_hook import rank_hook as hooked
+    from harness.train.status import RankStatus, read_statuses
+
+    monkeypatch.setenv(rank_hook.TEST_FAIL_ENV, "0:2:optimizer:raise")
+    stage = RankStatus.stage
+    with pytest.raises(RuntimeError, match="simulated failure of rank 0 in stage 'optimizer' of step 2"), \
+            hooked(0, tmp_path):
+        status = RankStatus(tmp_path, 0)
+        status.stage("optimizer", 1)
+        status.stage("optimizer", 2)
+    assert read_statuses(tmp_path)[0]["stage"] == "optimizer" and read_statuses(tmp_path)[0]["step"] == 2
+    assert RankStatus.stage is stage
+    monkeypatch.setenv("BATCHLAB_RANK_HOOK", str(tmp_path / "missing.py"))
+    with pytest.raises(FileNotFoundError, match="BATCHLAB_RANK_HOOK"), hooked(0, tmp_path):
+        pass
 
 
 # ---------------------------------------------------------------- a failed run

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 from process_support import stop_group
+from rank_hook import DRAFTER_DELAY_ENV
 from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
 from harness.train.config import run_config_from_dict
@@ -27,7 +28,7 @@ from harness.train.status import read_statuses
 SMALL = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.num_workers=0",
          "trainer.threads_per_rank=1", "trainer.max_tokens=512", "trainer.grad_accum=2", "trainer.stop_tokens=6000",
          "trainer.eval_every_tokens=3000", "trainer.eval_real_prompts=2", "trainer.eval_real_new_tokens=4",
-         "trainer.checkpoint_every_steps=1000", "trainer.record_consumed=true"]
+         "trainer.checkpoint_every_steps=1000"]
 DISAGGREGATED = ["topology=disaggregated", "topology.target_ranks=2", "topology.drafter_ranks=1", "trainer.nproc=3"]
 SAME = ("loss", "grad_norm", "tau", "accuracy", "lr", "tokens_seen", "real_tokens", "computed_slots", "eval_loss",
         "eval_tau", "eval_tau_real")
@@ -107,9 +108,10 @@ def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache
     (the job's 3 processes), not all of them (it did: its Trainer's rank env counts the drafter ranks only)."""
     run_dir = tmp_path / "run"
     own_threads = [o for o in SMALL if not o.startswith("trainer.threads_per_rank=")]
-    result = train_cli([*own_threads, *DISAGGREGATED, "topology.max_in_flight=2", "topology.drafter_delay_s=0.4",
+    result = train_cli([*own_threads, *DISAGGREGATED, "topology.max_in_flight=2",
                         "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
-                        "trainer.stop_tokens=3000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
+                        "trainer.stop_tokens=3000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
+                       env_extra={DRAFTER_DELAY_ENV: "0.4"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert len(records) >= 4
@@ -191,11 +193,11 @@ def test_empty_micro_batches_cross_the_link(tmp_path, batchlab_cache):
         assert _close(have["loss"], want["loss"]) and _close(have["grad_norm"], want["grad_norm"]), (want, have)
 
 
-# 1.2 epochs; the stopped run's drafter steps are slowed down (a runtime setting: it may differ on resume)
-# so that the stop lands mid-run however loaded the machine is
+# 1.2 epochs; the stopped run's drafter steps are slowed down (the tests' rank hook: the run's settings are
+# the same) so that the stop lands mid-run however loaded the machine is
 RESUME = [*SMALL, *DISAGGREGATED, "trainer.stop_tokens=20000", "trainer.eval_every_tokens=8000",
           "trainer.eval_real_prompts=0", "trainer.checkpoint_every_steps=3"]
-SLOWED = ["topology.drafter_delay_s=0.15"]
+SLOWED = {DRAFTER_DELAY_ENV: "0.15"}
 
 
 def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp_path, batchlab_cache):
@@ -205,10 +207,10 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     result = train_cli([*RESUME, f"hydra.run.dir={reference}"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
     stopped = tmp_path / "stopped"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **SLOWED)
     log = tmp_path / "stopped.log"
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME, *SLOWED,
+        process = subprocess.Popen([sys.executable, "-m", "harness.cli.train", *RESUME,
                                     f"hydra.run.dir={stopped}"],
                                    cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:

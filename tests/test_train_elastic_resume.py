@@ -32,7 +32,7 @@ from harness.train.launch.run import RunDirectoryInUse, config_differences, run
 
 # 21 steps an epoch on 2 ranks (42 on 1), 1.07 epochs: the resumed run finishes epoch 0 and starts epoch 1;
 # one eval, at the end
-ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",
+ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",
         "trainer.stop_tokens=26500", "trainer.checkpoint_every_steps=4", "trainer.eval_every_tokens=100000"]
 
 

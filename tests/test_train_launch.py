@@ -10,7 +10,7 @@ import pytest
 from process_support import stop_group
 from train_support import assert_same_records, assert_same_summary, train_cli
 
-from harness.train.faults import TEST_FAIL_ENV
+from rank_hook import TEST_FAIL_ENV
 
 
 def _compose_with_hydra(overrides):

@@ -21,11 +21,11 @@ from train_support import (
 )
 
 from harness.train.loop.checkpoint import FingerprintMismatch, checkpoint_paths
-from harness.train.faults import TEST_FAIL_ENV
+from rank_hook import TEST_FAIL_ENV
 from harness.train.launch.run import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
-ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false", "trainer.record_consumed=true",
+ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",
         "trainer.stop_tokens=30000", "trainer.checkpoint_every_steps=4", "trainer.eval_every_tokens=8000"]
 
 

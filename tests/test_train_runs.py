@@ -30,7 +30,7 @@ def smoke_sweep(tmp_path_factory, batchlab_cache):
     root = tmp_path_factory.mktemp("smoke")
     sweep = root / "sweep"
     result = train_cli(["-m", "experiment=smoke", f"strategy={','.join(available_strategies())}",
-                        "trainer.record_consumed=true", "trainer.progress=false", f"hydra.sweep.dir={sweep}",
+                        "trainer.progress=false", f"hydra.sweep.dir={sweep}",
                         "hydra.sweep.subdir=${strategy.name}"], cwd=root, timeout=500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return sweep

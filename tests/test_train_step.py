@@ -91,7 +91,7 @@ def test_empty_micro_batches_run_the_step(tmp_path, batchlab_cache):
     config = compose_config([*_data_overrides(data, heldout_fraction=0.0), "logger=none", "trainer.progress=false",
                              "trainer.num_workers=0", "strategy=sorted", "trainer.max_tokens=8", "trainer.nproc=4",
                              "trainer.grad_accum=2", "trainer.stop_epochs=1", "trainer.stop_tokens=null",
-                             "trainer.record_consumed=true"])
+                            ])
     summary = run(config, tmp_path / "run")
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["samples_per_step"] for r in records] == [8, 2]

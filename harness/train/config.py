@@ -113,7 +113,6 @@ class TrainerConfig:
     # continue from run_dir/checkpoints when a checkpoint is there, also with another nproc or grad_accum
     # (the rest of the checkpoint's epoch is re-planned for the new shape)
     resume: bool = True
-    record_consumed: bool = False  # write every rank's consumed sample indices (tests)
     target_attention_backend: str = "auto"
     gdn_backend: str = "auto"
     progress: bool = True
@@ -184,7 +183,6 @@ class TopologyConfig:
     dispatch: str = "dynamic"  # dynamic: a free target rank takes the next micro-batch; round_robin: fixed
     # a peer silent for this long (no heartbeat in the job's store while this rank waits on it) ends the job
     peer_timeout_s: float = 300.0
-    drafter_delay_s: float = 0.0  # tests and benchmarks: the drafter sleeps this long after every step
 
     def __post_init__(self) -> None:
         # ``name`` is checked against the registered placements where a run is prepared
@@ -194,7 +192,6 @@ class TopologyConfig:
             _at_least(f"topology.{name}", getattr(self, name), 1)
         if not self.peer_timeout_s > 0:
             raise ValueError(f"topology.peer_timeout_s={self.peer_timeout_s} must be > 0")
-        _at_least("topology.drafter_delay_s", self.drafter_delay_s, 0.0)
 
     @property
     def disaggregated(self) -> bool:

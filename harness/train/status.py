@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Self
 
-from harness.train import faults
-
 STATUS_DIR = "status"
 _MAGIC = b"BLST"
 _VERSION = 1
@@ -49,7 +47,6 @@ class RankStatus:
         self._pid = os.getpid()
         self._seq = 0
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._on_stage = faults.stage_hook(self.rank)  # None outside the failure tests
         self.stage("start", 0)
 
     def stage(self, name: str, step: int) -> None:
@@ -63,8 +60,6 @@ class RankStatus:
         record = _FORMAT.pack(_MAGIC, _VERSION, self._seq, self.rank, int(step), time.time(), self._pid,
                               self._role, name.encode()[:_NAME], self._seq)
         os.pwrite(self._fd, record, 0)
-        if self._on_stage is not None:
-            self._on_stage(name, step)
 
     def close(self) -> None:
         if self._fd is not None:

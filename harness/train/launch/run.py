@@ -40,6 +40,7 @@ from harness.train.launch.run_log import RUN_LOG, copied_to
 from harness.train.loop.epoch_data import select_rows
 from harness.train.loop.metrics import write_json_atomic
 from harness.train.placement.registry import place, placement_kind
+from harness.train.rank_hook import rank_hook
 from harness.train.rank_models import EMBEDDED_TARGET, pretrained_target_path
 from harness.train.status import STATUS_DIR, describe, read_statuses
 
@@ -67,8 +68,9 @@ FAILURE_GRACE_S = 2.0
 
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
 RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_factor", "trainer.resume",
-                "trainer.collective_timeout_s", "trainer.record_consumed", "trainer.threads_per_rank", "logger.",
-                "topology.peer_timeout_s", "topology.drafter_delay_s")
+                "trainer.collective_timeout_s", "trainer.threads_per_rank", "logger.", "topology.peer_timeout_s",
+                # test-only settings an older run's config.json may hold (now the tests' rank hook's)
+                "trainer.record_consumed", "topology.drafter_delay_s")
 #: settings that lay the same samples out on other ranks / micro-steps: they may differ on resume (elastic
 #: resume; the checkpoint's plan fingerprint decides, and the rest of its epoch is re-planned)
 LAYOUT_KEYS = ("trainer.nproc", "trainer.grad_accum")
@@ -150,9 +152,14 @@ def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
 
 
 def _run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    env = external_launch_env() or RankEnv()
+    with rank_hook(env.rank, run_dir):  # the tests' seam (unset: nothing)
+        return _run_hooked_rank(config_dict, run_dir, env)
+
+
+def _run_hooked_rank(config_dict: dict[str, Any], run_dir: str, env: RankEnv) -> dict[str, Any]:
     started = time.time()
     config = run_config_from_dict(config_dict)
-    env = external_launch_env() or RankEnv()
     init_process_group(env, config.trainer.device, config.trainer.collective_timeout_s)
     trainer = worker = None
     try:

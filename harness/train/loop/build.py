@@ -51,7 +51,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
                                   weight_decay=optim.weight_decay)
     schedule = TokenCosineSchedule(optimizer, optim.lr, data.total_tokens, optim.warmup_fraction, optim.min_lr_ratio)
     state = TrainState()
-    consumed = ConsumedSamples(len(data.samples), comm, run_dir, trainer.record_consumed)
+    consumed = ConsumedSamples(len(data.samples), comm)
     checkpoints = CheckpointManager(
         run_dir, {"progress": state, "drafter": TorchState(model.drafter), "optimizer": TorchState(optimizer),
                   "grad_stats": grads, "consumed": consumed, "data": data, "rng": RngState()},

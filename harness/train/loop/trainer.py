@@ -102,7 +102,6 @@ class Trainer:
         elif self.env.is_main:
             print(f"batchlab-train: {self.config.name} resuming from step {state.global_step} "
                   f"({state.tokens_seen:,} tokens, epoch {state.epoch}) in {self.run_dir}", flush=True)
-        self.consumed.open_log(state.global_step)
         progress = self._progress_bar()
         wall_started = time.perf_counter()
         stop = False
@@ -122,7 +121,6 @@ class Trainer:
         where = self.logger.locations()
         self.logger.close()
         self._print_end(summary, where)
-        self.consumed.close()
         self.status.stage("done", state.global_step)
         self.status.close()
         return summary
@@ -242,7 +240,6 @@ class Trainer:
         failed, close the logs and the status file."""
         self.source.abort()
         self.logger.close(failed=True)
-        self.consumed.close()
         self.status.close()
 
     def _install_signal_handlers(self) -> dict[int, Any]:

@@ -179,8 +179,6 @@ class DrafterLink:
             wait = time.perf_counter() - started
             self._idle += wait
             yield step, batches, wait
-            if self.topology.drafter_delay_s:
-                time.sleep(self.topology.drafter_delay_s)
 
     def features(self, batch: TrainingBatch, step: int) -> TargetFeatures | None:  # noqa: ARG002
         return batch.features  # received with the micro-batch (None for an empty one)

@@ -15,9 +15,9 @@ from harness.data.config import DataConfig
 from harness.data.samples import load_samples
 from harness.models.drafter import DFlashDrafter
 from harness.train.batch import BatchCollator
-from harness.train.loop.checkpoint import checkpoint_paths
 from harness.train.config import run_config_from_dict
 from harness.train.launch.run import run
+from harness.train.loop.checkpoint import checkpoint_paths
 from harness.train.loop.trainer import NonFiniteLoss
 from strategies import Budget, available_strategies, build_strategy
 
@@ -202,13 +202,12 @@ def test_a_samples_anchors_do_not_depend_on_its_neighbours(batchlab_cache):
 
 def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path, batchlab_cache):
     """data.completions=regenerated: the same prompts with the (pretrained) target's greedy completions."""
+    import yaml
+    from train_support import REPO
     from transformers import Qwen3_5ForCausalLM
 
     from harness.data.samples import heldout_split
     from harness.models.config import load_target_config
-    from train_support import REPO
-
-    import yaml
 
     kwargs = yaml.safe_load((REPO / "conf" / "target" / "tiny.yaml").read_text())
     kwargs["vocab_size"] = 512
@@ -244,7 +243,8 @@ def test_regenerated_completions_pin_the_target_that_wrote_them(tmp_path, monkey
     target's own completions, so resolving it again would pretrain (and train the drafter on) another target.
     The run's config must name the checkpoint that regenerated the data."""
     from harness.eval import regenerate as regenerate_module
-    from harness.train.launch import run as run_module
+    from harness.train.launch import inputs as inputs_module
+    from harness.train.launch.inputs import with_regenerated_completions
 
     checkpoint = tmp_path / "target-ckpt"
     calls = []
@@ -257,12 +257,12 @@ def test_regenerated_completions_pin_the_target_that_wrote_them(tmp_path, monkey
         assert target_spec == str(checkpoint)
         return tmp_path / "regen", {"rows": 3}, True
 
-    monkeypatch.setattr(run_module, "pretrained_target_path", fake_target_path)
+    monkeypatch.setattr(inputs_module, "pretrained_target_path", fake_target_path)
     monkeypatch.setattr(regenerate_module, "regenerate", fake_regenerate)
     config_dict = compose_config([*IN_PROCESS, "experiment=smoke", "target=tiny-pretrained",
                                   "data=stdlib-regenerated"])
     assert config_dict["target"]["pretrained"] == "embedded"
-    used = run_module._with_regenerated_completions(run_config_from_dict(config_dict), config_dict)
+    used = with_regenerated_completions(config_dict)
     assert used["data"]["source"] == str(tmp_path / "regen") and used["data"]["completions"] == "corpus"
     assert used["target"]["pretrained"] == str(checkpoint) and calls == ["stdlib"]
     assert run_config_from_dict(used).target.pretrained == str(checkpoint)

@@ -62,7 +62,14 @@ def _launcher_rank() -> int:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from harness.command_errors import full_errors
-    from harness.train.launch.run import BadInput, RankFailed, RunDirectoryInUse, claim_run_dir, prepared_config, run
+    from harness.train.launch.run import (
+        BadInput,
+        RankFailed,
+        RunDirectoryInUse,
+        claim_run_dir,
+        recorded_config,
+        run,
+    )
     from harness.train.launch.run_log import RUN_LOG, copied_to
 
     hydra_config = HydraConfig.get()
@@ -71,7 +78,7 @@ def main(cfg: DictConfig) -> float | None:
     config_dict = resolved_dict(cfg)
     log = Path(run_dir) / RUN_LOG
     try:
-        config_dict = prepared_config(config_dict)  # what the run records (e.g. its regenerated data): compared
+        config_dict = recorded_config(config_dict)  # what the run records (e.g. its regenerated data): compared
         claim_run_dir(config_dict, Path(run_dir), bool(config_dict["trainer"]["resume"]), announce=False)
         if _launcher_rank() == 0:  # under an external torchrun / srun every rank runs this: one writes
             _keep_hydra_files(hydra_dir)

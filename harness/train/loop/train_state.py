@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.train.loop.step_record import StepRecord
 
 
 @dataclass
@@ -22,13 +25,13 @@ class TrainState:
     epochs_exactly_once: list[bool] = field(default_factory=list)
     last_eval: dict[str, Any] = field(default_factory=dict)
 
-    def advance(self, step_in_epoch: int, record: dict[str, Any]) -> None:
+    def advance(self, step_in_epoch: int, record: StepRecord) -> None:
         """Step ``step_in_epoch`` of the epoch's plan is done; ``record`` is its step record."""
         self.global_step += 1
         self.step_in_epoch = step_in_epoch + 1
-        self.tokens_seen += record["real_tokens"]
-        self.samples_seen += record["samples_per_step"]
-        self.computed_slots += record["computed_slots"]
+        self.tokens_seen += record.real_tokens
+        self.samples_seen += record.samples
+        self.computed_slots += record.computed_slots
 
     def end_epoch(self, exactly_once: bool) -> None:
         self.epochs_exactly_once.append(exactly_once)

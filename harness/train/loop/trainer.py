@@ -33,6 +33,7 @@ from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
 from harness.train.loop.cadence import Cadence
 from harness.train.loop.checkpoint import CHECKPOINT_DIR
+from harness.train.loop.step_record import StepPosition, StepRecord
 from harness.train.loop.step_stats import StepStats, step_record
 from harness.train.loop.summary import run_summary
 from strategies import Plan
@@ -136,19 +137,19 @@ class Trainer:
             for step, batches, data_wait in epoch_batches:
                 started = time.perf_counter()
                 record = self.train_step(batches, data_wait)
-                record.update(self.source.step_metrics(self.comm))
+                record.placement = self.source.step_metrics(self.comm)
                 state.train_time_s += time.perf_counter() - started + data_wait
                 self.consumed.add(batches, state.global_step + 1, state.epoch, step)
                 state.advance(step, record)
-                record.update(step=state.global_step, epoch=state.epoch, step_in_epoch=step,
-                              tokens_seen=state.tokens_seen, samples_seen=state.samples_seen,
-                              epochs=state.tokens_seen / self.data.epoch_tokens, **epoch_record)
-                epoch_record = {}
+                record.position = StepPosition(step=state.global_step, epoch=state.epoch, step_in_epoch=step,
+                                               tokens_seen=state.tokens_seen, samples_seen=state.samples_seen,
+                                               epochs=state.tokens_seen / self.data.epoch_tokens)
+                record.plan, epoch_record = epoch_record, {}
                 if self.cadence.evaluate_now(state):
                     state.last_eval = self.evaluator(state.global_step)
-                    record.update(state.last_eval)
+                    record.evaluation = state.last_eval
                     self.cadence.evaluated(state)
-                self.logger.log(record)
+                self.logger.log(record.logged())
                 self._show(progress, record)
                 epoch_finished = state.step_in_epoch == plan.num_steps
                 if epoch_finished:
@@ -182,7 +183,7 @@ class Trainer:
         self.model.synchronize()
         return sums.detach(), target_done - started, time.perf_counter() - target_done
 
-    def train_step(self, batches: list[TrainingBatch], data_wait: float) -> dict[str, Any]:
+    def train_step(self, batches: list[TrainingBatch], data_wait: float) -> StepRecord:
         """One optimizer step over this rank's micro-batches; returns the step's record (global metrics)."""
         started = time.perf_counter() - data_wait
         step = self.state.global_step + 1
@@ -213,10 +214,10 @@ class Trainer:
         optimizer_started = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        record = step_record(ranks, grad_norm, lr, time.perf_counter() - optimizer_started)
-        record.update(grad_record, grad_clipped=bool(clip > 0 and grad_norm > clip))
+        metrics = step_record(ranks, grad_norm, lr, time.perf_counter() - optimizer_started)
+        gradients = {**grad_record, "grad_clipped": bool(clip > 0 and grad_norm > clip)}
         self.stop_requested = bool(ranks["stop_requested"].max() > 0)
-        return record
+        return StepRecord.of(ranks, metrics, gradients)
 
     def _raise_nonfinite(self, batches: list[TrainingBatch], loss: float, grad_norm: float, local_bad: float) -> None:
         mine = [b.sample_indices.tolist() for b in batches] if local_bad else []
@@ -302,11 +303,11 @@ class Trainer:
                     desc=self.config.name, dynamic_ncols=True)
 
     @staticmethod
-    def _show(progress: Any, record: dict[str, Any]) -> None:
+    def _show(progress: Any, record: StepRecord) -> None:
         if progress is not None:
-            progress.update(record["real_tokens"])
-            progress.set_postfix(loss=f"{record['loss']:.3f}", tau=f"{record['tau']:.2f}",
-                                 tok_s=f"{record['tokens_per_second']:.0f}", refresh=False)
+            progress.update(record.real_tokens)
+            progress.set_postfix(loss=f"{record.loss:.3f}", tau=f"{record.tau:.2f}",
+                                 tok_s=f"{record.tokens_per_second:.0f}", refresh=False)
 
 
 def _peak_memory_mb(device: torch.device) -> float:

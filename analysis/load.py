@@ -52,9 +52,9 @@ REQUIRED_STEP_METRICS = {
     "step_time": "rerun with the current batchlab-train",
     "step_mean_length": "rerun with the current batchlab-train",
     "eval_loss": "no held-out evaluation was logged: keep data.max_heldout > 0 and "
-                 "trainer.eval_every_tokens below trainer.stop_tokens",
+                 "eval.every_tokens below trainer.stop_tokens",
     "eval_tau": "no held-out evaluation was logged: keep data.max_heldout > 0 and "
-                "trainer.eval_every_tokens below trainer.stop_tokens",
+                "eval.every_tokens below trainer.stop_tokens",
 }
 REQUIRED_SUMMARY_KEYS = ("strategy", "seed", "status", *COMPATIBILITY_KEYS)
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from analysis.load import order_strategies  # noqa: E402
+from harness.train.config import moved_into_place  # noqa: E402
 from results_file import cpu_model, stop_words, write_section  # noqa: E402
 
 TITLE = "## Real against teacher-forced acceptance per strategy (make demo's sweep)"
@@ -62,7 +63,8 @@ def main() -> None:
         loss = [s["eval_loss"] for s in summaries if s.get("eval_loss") is not None]
         rows.append(f"| {strategy} | {len(summaries)} | {_mean_sd(tau)} | {_mean_sd(real)} | {_mean_sd(gap)} | "
                     f"{_mean_sd(bound)} | {_mean_sd(loss)} |")
-    trainer, drafter, target = config["trainer"], config["drafter"], config["target"]
+    config = moved_into_place(config)  # a sweep from before the eval settings had their own section
+    trainer, drafter, target, evaluation = config["trainer"], config["drafter"], config["target"], config["eval"]
     section = (
         f"{TITLE}\n\n"
         f"Command: `make demo` then `python benchmarks/acceptance.py {args.sweep} --write`. Machine: {cpu_model()}. "
@@ -70,8 +72,8 @@ def main() -> None:
         f"Drafters trained at the demo's budget: target `{target.get('pretrained') or 'random weights'}` "
         f"({target['num_hidden_layers']} layers, hidden {target['hidden_size']}), drafter "
         f"{drafter['num_hidden_layers']} layers, block {drafter['block_size']}, max_tokens {trainer['max_tokens']}, "
-        + stop_words(trainer) + f"; real τ from {trainer['eval_real_prompts']} held-out prompts × "
-        f"{trainer['eval_real_new_tokens']} new tokens. Final evaluation of each run, mean ± s.d. over seeds.\n\n"
+        + stop_words(trainer) + f"; real τ from {evaluation['real_prompts']} held-out prompts × "
+        f"{evaluation['real_new_tokens']} new tokens. Final evaluation of each run, mean ± s.d. over seeds.\n\n"
         "| strategy | seeds | τ teacher-forced | τ real | real − teacher-forced | speed-up bound | held-out loss |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )

@@ -91,7 +91,7 @@ def main() -> None:
             for strategy in strategies if round_index % 2 == 0 else strategies[::-1]:
                 overrides = [f"strategy={strategy}", f"trainer.nproc={args.nproc}", "logger=none", *device,
                              "trainer.progress=false", f"trainer.stop_tokens={args.tokens}",
-                             f"trainer.eval_every_tokens={args.tokens}"]
+                             f"eval.every_tokens={args.tokens}"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{round_index}")
                 complete(summary, strategy)
                 measured[strategy].append(summary["tokens_per_second"])
@@ -203,8 +203,8 @@ def placement_check(args: argparse.Namespace) -> None:
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
                 overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
                              "trainer.progress=false",
-                             f"trainer.stop_tokens={tokens}", f"trainer.eval_every_tokens={tokens}",
-                             "trainer.eval_real_prompts=0"]
+                             f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
+                             "eval.real_prompts=0"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{placement}-{round_index}")
                 complete(summary, f"{strategy} {placement}")
                 measured.setdefault((strategy, placement), []).append(summary["tokens_per_second"])

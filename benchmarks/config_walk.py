@@ -36,8 +36,8 @@ TITLE = "## Config walk: a run's config from the entry point"
 
 #: the main job (conf/experiment/strategies.yaml) shrunk to a few steps, one rank, no W&B
 OVERRIDES = ["experiment=strategies", "strategy=packed", "seed=0", "logger=none", "trainer.progress=false",
-             "trainer.stop_epochs=null", "trainer.stop_tokens=8192", "trainer.eval_every_tokens=8192",
-             "trainer.eval_real_prompts=2", "trainer.eval_real_new_tokens=4"]
+             "trainer.stop_epochs=null", "trainer.stop_tokens=8192", "eval.every_tokens=8192",
+             "eval.real_prompts=2", "eval.real_new_tokens=4"]
 
 
 def layers() -> list[tuple[str, ...]]:

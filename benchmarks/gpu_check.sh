@@ -143,7 +143,7 @@ step_drafter() {
 
 step_train() {
   timeout -k 20 "$1" "$py" -m harness.cli.train strategy=packed "trainer.device=$device" trainer.precision=bf16 \
-    trainer.stop_tokens=400000 trainer.eval_every_tokens=200000 trainer.num_workers=2 logger=none \
+    trainer.stop_tokens=400000 eval.every_tokens=200000 loader.num_workers=2 logger=none \
     trainer.progress=false "${run_set[@]}" "hydra.run.dir=$out/train-bf16" > "$out/train_bf16.log" 2>&1
   local rc=$?
   summarize_run "bf16 training" "$out/train-bf16" train_bf16.log
@@ -154,8 +154,8 @@ step_train() {
 # max_tokens 16384) shrunk to one period of layers (3 GDN + 1 attention), colocated on this one GPU.
 step_reference() {
   timeout -k 20 "$1" "$py" -m harness.cli.train experiment=reference_8gpu topology=colocated trainer.nproc=1 \
-    "trainer.device=$device" target.num_hidden_layers=4 trainer.stop_tokens=150000 trainer.eval_every_tokens=150000 \
-    trainer.eval_real_prompts=0 trainer.num_workers=2 logger=none trainer.progress=false \
+    "trainer.device=$device" target.num_hidden_layers=4 trainer.stop_tokens=150000 eval.every_tokens=150000 \
+    eval.real_prompts=0 loader.num_workers=2 logger=none trainer.progress=false \
     "${run_set[@]}" "hydra.run.dir=$out/reference-1gpu" > "$out/reference_1gpu.log" 2>&1
   local rc=$?
   rm -rf "$out/reference-1gpu/checkpoints"  # its final checkpoint: tens of GB of the machine's disk
@@ -170,7 +170,7 @@ step_reference() {
 step_two_rank() {
   local tokens="${TWO_RANK_TOKENS:-200000}" began=$SECONDS colocated disaggregated
   local two_rank_env=() two_rank_set=(strategy=packed "trainer.device=$device" trainer.nproc=2
-    "trainer.stop_tokens=$tokens" "trainer.eval_every_tokens=$tokens" trainer.grad_stats_every=2 trainer.num_workers=2
+    "trainer.stop_tokens=$tokens" "eval.every_tokens=$tokens" grad_stats.every=2 loader.num_workers=2
     logger=none trainer.progress=false)
   if [ "$device" = cuda ]; then
     two_rank_env=(NCCL_DEBUG=WARN)  # a failing collective says why in the run's log
@@ -206,7 +206,7 @@ step_advise() {
   local sets=() kv
   for kv in "${run_set[@]}"; do sets+=(--set "$kv"); done
   timeout -k 20 "$1" "$py" benchmarks/advise_accuracy.py --device "$device" --nproc 1 --rounds 2 --tokens 200000 $write \
-    --set trainer.eval_real_prompts=0 "${sets[@]}" > "$out/advise_accuracy_cuda.md" 2>&1
+    --set eval.real_prompts=0 "${sets[@]}" > "$out/advise_accuracy_cuda.md" 2>&1
   local rc=$?
   grep -E "^\| [a-z_]+ \||worst error|ranking" "$out/advise_accuracy_cuda.md" | tee -a "$out/summary.txt"
   return $rc

@@ -82,8 +82,8 @@ def measure(strategies, tokens: int, rounds: int,
             order = [(s, p) for s in strategies for p in PLACEMENTS]
             for strategy, placement in (order if round_index % 2 == 0 else order[::-1]):
                 overrides = [f"strategy={strategy}", *PLACEMENTS[placement], "logger=none", "trainer.progress=false",
-                             f"trainer.stop_tokens={tokens}", f"trainer.eval_every_tokens={tokens}",
-                             "trainer.eval_real_prompts=0", "trainer.checkpoint_every_steps=100000"]
+                             f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
+                             "eval.real_prompts=0", "checkpoint.every_steps=100000"]
                 run_dir = Path(scratch) / f"{strategy}-{placement}-{round_index}"
                 summary = run(compose(overrides), run_dir)
                 records = _read_jsonl(run_dir / "metrics.jsonl")

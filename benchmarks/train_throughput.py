@@ -55,7 +55,7 @@ def main() -> None:
             for strategy in order:
                 overrides = [f"strategy={strategy}", f"trainer.nproc={args.nproc}", "logger=none",
                              "trainer.progress=false", f"trainer.stop_tokens={args.tokens}",
-                             f"trainer.eval_every_tokens={args.tokens}", f"trainer.num_workers={args.num_workers}"]
+                             f"eval.every_tokens={args.tokens}", f"loader.num_workers={args.num_workers}"]
                 summary = run(compose(overrides), Path(scratch) / f"{strategy}-{round_index}")
                 results[strategy].append(summary)
                 print(f"round {round_index} {strategy}: {summary['tokens_per_second']:.0f} tok/s", flush=True)

@@ -69,7 +69,7 @@ def test_the_ablation_experiment_sweeps_both_modes_and_keeps_the_main_jobs_setti
     for mode, (step_tokens, grad_accum) in {"equal_tokens": (4096, 1), "fixed_accumulation": (None, 2)}.items():
         config = compose_config(["experiment=ablation_steps", "strategy=packed", f"step_mode={mode}"])
         assert (config["trainer"]["step_tokens"], config["trainer"]["grad_accum"]) == (step_tokens, grad_accum)
-        for key in ("data", "target", "drafter", "optim"):
+        for key in ("data", "target", "drafter", "optim", "eval", "checkpoint", "grad_stats", "loader"):
             assert config[key] == main_job[key], key
         assert {k: v for k, v in config["trainer"].items() if k not in ("step_tokens", "grad_accum")} == {
             k: v for k, v in main_job["trainer"].items() if k not in ("step_tokens", "grad_accum")}

@@ -33,8 +33,7 @@ def test_the_stop_is_the_step_count_when_there_is_one_else_the_tokens():
 
 
 def test_checkpoints_fall_on_every_nth_step_and_the_cadence_reads_its_config_sections():
-    trainer = SimpleNamespace(eval_every_tokens=64, checkpoint_every_steps=4)
     data = SimpleNamespace(total_tokens=4096, total_steps=None)
-    cadence = Cadence.of(trainer, data)
+    cadence = Cadence.of(SimpleNamespace(every_tokens=64), SimpleNamespace(every_steps=4), data)
     assert cadence == Cadence(64, 4, 4096, None)
     assert [s for s in range(1, 13) if cadence.checkpoint_now(SimpleNamespace(global_step=s))] == [4, 8, 12]

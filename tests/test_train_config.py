@@ -101,8 +101,64 @@ def test_smoke_experiment_is_two_ranks_with_eval_and_checkpoints():
     config = run_config_from_dict(compose_config(["experiment=smoke"]))
     trainer = config.trainer
     assert trainer.nproc == 2 and config.group == "smoke"
-    assert trainer.eval_every_tokens < trainer.stop_tokens
-    assert trainer.checkpoint_every_steps < 20
+    assert config.eval.every_tokens < trainer.stop_tokens
+    assert config.checkpoint.every_steps < 20
+
+
+# ---------------------------------------------------------------- the components' own sections
+def test_every_moved_key_still_works_at_its_old_place_and_lands_at_the_new_one():
+    """trainer.eval_every_tokens and the other moved settings: on the command line (over an experiment's new
+    key), and in an older run's config.json, which resumes (no difference) or is refused naming the setting."""
+    from harness.train.config import MOVED_KEYS
+    from harness.train.launch.run import config_differences
+
+    values = {"trainer.eval_every_tokens": 777, "trainer.eval_real_prompts": 3, "trainer.eval_real_new_tokens": 5,
+              "trainer.eval_real_prompt_tokens": 64, "trainer.checkpoint_every_steps": 7, "trainer.keep_checkpoints": 4,
+              "trainer.grad_stats_every": 9, "trainer.grad_stats_ema": 0.5, "trainer.num_workers": 2,
+              "trainer.prefetch_factor": 3}
+    assert set(values) == set(MOVED_KEYS)
+    config = compose_config(["experiment=smoke", *(f"{k}={v}" for k, v in values.items())])
+    assert not set(config["trainer"]) & {old.split(".")[1] for old in MOVED_KEYS}  # the resolved dict: new places only
+    typed = run_config_from_dict(config)
+    for old, new in MOVED_KEYS.items():
+        section, name = new.split(".")
+        assert getattr(getattr(typed, section), name) == values[old], new
+    # an older run's config.json: the same settings under their old names
+    new = compose_config(["experiment=smoke"])
+    old = {**new, "trainer": {**new["trainer"], "eval_every_tokens": new["eval"]["every_tokens"],
+                              "checkpoint_every_steps": new["checkpoint"]["every_steps"]}}
+    del old["eval"], old["checkpoint"]
+    assert config_differences(old, new) == []
+    old["trainer"]["eval_every_tokens"] = 5
+    assert config_differences(old, new) == [f"eval.every_tokens: 5 -> {new['eval']['every_tokens']}"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.every_tokens=0", "eval.every_tokens=0 must be >= 1"),
+    ("trainer.eval_every_tokens=0", "eval.every_tokens=0 must be >= 1"),  # named where it now lives
+    ("eval.real_prompts=-1", "eval.real_prompts"),
+    ("checkpoint.keep=0", "checkpoint.keep"),
+    ("grad_stats.ema=1.0", r"grad_stats.ema=1.0 must be in \[0, 1\)"),
+    ("loader.num_workers=-1", "loader.num_workers"),
+])
+def test_each_section_checks_its_own_values(override, message):
+    with pytest.raises(ValueError, match=message):
+        run_config_from_dict(compose_config([override]))
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    (["eval.every_token=5"], "eval has no setting 'every_token'; did you mean eval.every_tokens?"),
+    (["evl.every_tokens=5"], "evl is not a setting; did you mean eval?"),
+    (["checkpoint.keep_last=3"], "checkpoint has no setting 'keep_last'; did you mean checkpoint.keep?"),
+    (["trainer.eval_every_token=5"], "did you mean trainer.eval_every_tokens?"),
+    (["trainer.eval_every_tokens=5", "eval.every_tokens=6"],
+     "trainer.eval_every_tokens is the old name of eval.every_tokens; give eval.every_tokens only"),
+])
+def test_an_unknown_or_doubled_section_key_is_refused_with_what_was_meant(arguments, expected):
+    from harness.cli.overrides import check_overrides
+
+    problem = check_overrides(arguments)
+    assert problem is not None and expected in problem, problem
 
 
 def test_default_run_covers_at_least_three_epochs_of_the_default_data(tmp_path, batchlab_cache):

@@ -3,7 +3,7 @@ option gets one line with "did you mean", instead of Hydra's list (which include
 ``*_schema`` entries) or its ``+key`` hint that ends in a type error.
 
 Plain ``key=value`` overrides (and ``+key=value`` into a typed section, which cannot add a key) are checked
-against the typed config tree (:class:`RunConfig`'s dataclasses) and the option files under ``conf/``; the
+against the typed config tree (:class:`~harness.train.config.RunSchema`: the run config's dataclasses, the old names of moved keys included) and the option files under ``conf/``; the
 rest of Hydra's syntax (``+group=option``, ``~``, ``@``, ``hydra.*``, ``group/sub=``, sweeps written as
 functions) is left to Hydra.
 """
@@ -16,7 +16,7 @@ import functools
 import typing
 from collections.abc import Sequence
 
-from harness.train.config import CONF_DIR, RunConfig
+from harness.train.config import CONF_DIR, MOVED_KEYS, RunSchema
 
 
 @functools.cache
@@ -61,7 +61,7 @@ def check_override(argument: str, options_known: bool = True) -> str | None:
     key = key.lstrip("+")
     if not key or "/" in key or "@" in key or key.split(".")[0] == "hydra":
         return None
-    groups, top = _groups(), _fields(RunConfig)
+    groups, top = _groups(), _fields(RunSchema)
     parts = key.split(".")
     if adding and len(parts) == 1 and key in _default_groups():
         return f"+{key}={value}: {key} is in conf/train.yaml's defaults already; write {key}={value} to choose it"
@@ -95,6 +95,10 @@ def check_override(argument: str, options_known: bool = True) -> str | None:
 def check_overrides(arguments: Sequence[str]) -> str | None:
     """The first problem among the command line's overrides, or None."""
     options_known = not any(a.startswith(("hydra.searchpath", "--config-dir", "-cd")) for a in arguments)
+    keys = {a.split("=", 1)[0].lstrip("+") for a in arguments if "=" in a and not a.startswith("-")}
+    for old, new in MOVED_KEYS.items():
+        if old in keys and new in keys:
+            return f"{old} and {new}: {old} is the old name of {new}; give {new} only"
     for argument in arguments:
         problem = check_override(argument, options_known)
         if problem:

@@ -13,13 +13,21 @@ target/        :data:`TargetConfig`: the keyword arguments of transformers' ``Qw
                (checked again, with their values, when the target is built), plus ``pretrained``
 drafter/       :data:`DrafterSchema`: :class:`harness.models.drafter.DrafterConfig`'s fields
 optim/         :class:`OptimConfig`
-trainer/       :class:`TrainerConfig`
+trainer/       :class:`TrainerConfig`: ranks, device, budget, stop condition, kernels
+eval           :class:`EvalConfig` (conf/train.yaml): the held-out evaluation, for the Evaluator
+checkpoint     :class:`CheckpointConfig`: for the CheckpointManager
+grad_stats     :class:`GradStatsConfig`: for the GradientStatistics
+loader         :class:`LoaderConfig`: for a training rank's DataLoader
 logger/        :class:`LoggerConfig`
 topology/      :class:`TopologyConfig`: where target and drafter run (colocated, disaggregated)
 =============  ==================================================================================
 
-The Hydra job resolves the config once into a plain dict (:func:`resolved_dict`) that travels to the
-ranks; each rank rebuilds the typed tree with :func:`run_config_from_dict`.
+A component takes its own section (the evaluator ``eval``, the checkpoints ``checkpoint``, ...), not the whole
+tree. Settings that moved into a section keep their old name under ``trainer`` as an alias
+(:data:`MOVED_KEYS`): on the command line, in a config file and in an older run's ``config.json``.
+
+The Hydra job resolves the config once into a plain dict (:func:`resolved_dict`, every moved key at its new
+place) that travels to the ranks; each rank rebuilds the typed tree with :func:`run_config_from_dict`.
 """
 
 from __future__ import annotations
@@ -94,20 +102,7 @@ class TrainerConfig:
     oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
     stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
     stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null); whole: at that epoch's end
-    eval_every_tokens: int = 100_000
-    # real acceptance at every eval: greedy speculative decoding of this many held-out prompts (0: off)
-    eval_real_prompts: int = 16
-    eval_real_new_tokens: int = 16
-    eval_real_prompt_tokens: int = 256
-    checkpoint_every_steps: int = 100
-    keep_checkpoints: int = 2
-    grad_stats_every: int = 4  # steps between gradient-diversity measurements
-    grad_stats_ema: float = 0.9
     acf_lags: int = 8
-    # DataLoader workers per rank; None: 0 on CPU (the cores are the compute: a worker there costs more in
-    # IPC than its collate saves, see benchmarks/RESULTS.md), 4 on CUDA
-    num_workers: Optional[int] = None
-    prefetch_factor: int = 4
     threads_per_rank: Optional[int] = None  # torch intra-op threads; None: CPU cores / ranks
     collective_timeout_s: int = 300
     # continue from run_dir/checkpoints when a checkpoint is there, also with another nproc or grad_accum
@@ -121,14 +116,8 @@ class TrainerConfig:
         _choice("trainer.device", self.device, DEVICES)
         _choice("trainer.precision", self.precision, PRECISIONS)
         _choice("trainer.oversize", self.oversize, OVERSIZE_POLICIES)
-        for name in ("nproc", "max_tokens", "grad_accum", "eval_every_tokens", "checkpoint_every_steps",
-                     "keep_checkpoints", "grad_stats_every", "acf_lags", "prefetch_factor",
-                     "collective_timeout_s"):
+        for name in ("nproc", "max_tokens", "grad_accum", "acf_lags", "collective_timeout_s"):
             _at_least(f"trainer.{name}", getattr(self, name), 1)
-        _at_least("trainer.num_workers", self.num_workers, 0)
-        _at_least("trainer.eval_real_prompts", self.eval_real_prompts, 0)
-        _at_least("trainer.eval_real_new_tokens", self.eval_real_new_tokens, 1)
-        _at_least("trainer.eval_real_prompt_tokens", self.eval_real_prompt_tokens, 1)
         _at_least("trainer.max_samples", self.max_samples, 1)
         _at_least("trainer.step_tokens", self.step_tokens, 1)
         if self.step_tokens is not None and self.grad_accum != 1:
@@ -145,8 +134,79 @@ class TrainerConfig:
         _at_least("trainer.stop_tokens", self.stop_tokens, 1)
         if self.stop_epochs is not None and not self.stop_epochs > 0:
             raise ValueError(f"trainer.stop_epochs={self.stop_epochs} must be > 0")
-        if not 0.0 <= self.grad_stats_ema < 1.0:
-            raise ValueError(f"trainer.grad_stats_ema={self.grad_stats_ema} must be in [0, 1)")
+
+
+@dataclass
+class EvalConfig:
+    """The held-out evaluation (:class:`harness.train.loop.evaluator.Evaluator`): how often, and how much real
+    speculative decoding."""
+
+    every_tokens: int = 100_000  # real tokens seen between evaluations (and one at the end)
+    # real acceptance at every eval: greedy speculative decoding of this many held-out prompts (0: off)
+    real_prompts: int = 16
+    real_new_tokens: int = 16
+    real_prompt_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _at_least("eval.every_tokens", self.every_tokens, 1)
+        _at_least("eval.real_prompts", self.real_prompts, 0)
+        _at_least("eval.real_new_tokens", self.real_new_tokens, 1)
+        _at_least("eval.real_prompt_tokens", self.real_prompt_tokens, 1)
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints (:class:`harness.train.loop.checkpoint.CheckpointManager`): how often, how many kept."""
+
+    every_steps: int = 100  # optimizer steps (and at the end, and on a stop signal)
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.every_steps", self.every_steps, 1)
+        _at_least("checkpoint.keep", self.keep, 1)
+
+
+@dataclass
+class GradStatsConfig:
+    """Gradient diversity and noise scale (:class:`harness.train.loop.grad_stats.GradientStatistics`)."""
+
+    every: int = 4  # optimizer steps between measurements
+    ema: float = 0.9  # smoothing of the estimates across measurements
+
+    def __post_init__(self) -> None:
+        _at_least("grad_stats.every", self.every, 1)
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"grad_stats.ema={self.ema} must be in [0, 1)")
+
+
+@dataclass
+class LoaderConfig:
+    """A training rank's DataLoader (:class:`harness.train.placement.feature_source.LocalTarget`)."""
+
+    # workers per rank; None: 0 on CPU (the cores are the compute: a worker there costs more in IPC than its
+    # collate saves, see benchmarks/RESULTS.md), 4 on CUDA
+    num_workers: Optional[int] = None
+    prefetch_factor: int = 4
+
+    def __post_init__(self) -> None:
+        _at_least("loader.num_workers", self.num_workers, 0)
+        _at_least("loader.prefetch_factor", self.prefetch_factor, 1)
+
+
+#: settings that moved from ``trainer`` into their component's own section: old key -> new key. The old key
+#: still works (on the command line, in a config file, in an older run's ``config.json``): :func:`moved_into_place`
+MOVED_KEYS = {
+    "trainer.eval_every_tokens": "eval.every_tokens",
+    "trainer.eval_real_prompts": "eval.real_prompts",
+    "trainer.eval_real_new_tokens": "eval.real_new_tokens",
+    "trainer.eval_real_prompt_tokens": "eval.real_prompt_tokens",
+    "trainer.checkpoint_every_steps": "checkpoint.every_steps",
+    "trainer.keep_checkpoints": "checkpoint.keep",
+    "trainer.grad_stats_every": "grad_stats.every",
+    "trainer.grad_stats_ema": "grad_stats.ema",
+    "trainer.num_workers": "loader.num_workers",
+    "trainer.prefetch_factor": "loader.prefetch_factor",
+}
 
 
 @dataclass
@@ -284,6 +344,10 @@ class RunConfig:
     drafter: DrafterSchema = field(default_factory=DrafterSchema)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    grad_stats: GradStatsConfig = field(default_factory=GradStatsConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
 
@@ -329,6 +393,31 @@ class RunConfig:
         return DrafterConfig(**dataclasses.asdict(self.drafter))
 
 
+def run_schema() -> type:
+    """:class:`RunConfig` as Hydra's schema: the same sections, and ``trainer`` also takes the old names of the
+    settings that moved into their component's section (:data:`MOVED_KEYS`; unset: ``None``)."""
+    hints = typing.get_type_hints(RunConfig)
+    sections = {f.name: (f, hints[f.name]) for f in dataclasses.fields(RunConfig)}
+    old_names = []
+    for old, new in MOVED_KEYS.items():
+        section, name = new.split(".")
+        hint = typing.get_type_hints(hints[section])[name]
+        old_names.append((old.split(".")[1], _omegaconf_type(Optional[hint]), field(default=None)))
+    trainer = schema_from_dataclass("TrainerSchema", TrainerConfig, extra=old_names)
+    specs = []
+    for name, (f, hint) in sections.items():
+        if name == "trainer":
+            specs.append((name, trainer, field(default_factory=trainer)))
+        elif f.default_factory is not dataclasses.MISSING:
+            specs.append((name, hint, field(default_factory=f.default_factory)))
+        else:
+            specs.append((name, hint, field(default=f.default)))
+    return dataclasses.make_dataclass("RunSchema", specs)
+
+
+RunSchema = run_schema()
+
+
 def register_schemas() -> None:
     """Store the schemas in Hydra's ConfigStore and register the ``batchlab_strategies`` resolver.
 
@@ -342,7 +431,7 @@ def register_schemas() -> None:
     from strategies import report_order
 
     store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
+    store.store(name="run_schema", node=RunSchema)
     for strategy, schema in strategy_schemas().items():
         store.store(group="strategy", name=f"{strategy}_schema", node=schema)
     # `${batchlab_strategies:}`: every registered strategy in report order, comma-separated, for the sweeps'
@@ -367,15 +456,34 @@ def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> dict[str,
 
 
 def resolved_dict(cfg: Any) -> dict[str, Any]:
-    """The composed Hydra config as a plain, fully resolved dict (what the ranks receive)."""
+    """The composed Hydra config as a plain, fully resolved dict (what the ranks receive), every moved key at its
+    new place."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return moved_into_place(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+
+
+def moved_into_place(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a resolved config) with every moved key (:data:`MOVED_KEYS`) at its new place. An old key that is
+    unset (``None``, the schema's default for it) is dropped; a set one wins over the new key: ``conf/`` writes only
+    new keys, so an old one was given by the user (a command line, their own file, an older run's ``config.json``).
+    Both on one command line are refused there (:mod:`harness.cli.overrides`)."""
+    values = {key: dict(value) if isinstance(value, dict) else value for key, value in values.items()}
+    for old, new in MOVED_KEYS.items():
+        old_section, old_name = old.split(".")
+        new_section, new_name = new.split(".")
+        if old_name not in values.get(old_section, {}):
+            continue
+        value = values[old_section].pop(old_name)
+        if value is not None:
+            values.setdefault(new_section, {})[new_name] = value
+    return values
 
 
 def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
-    """Rebuild the typed tree from :func:`resolved_dict`'s output (validates every dataclass group)."""
-    values = dict(values)
+    """Rebuild the typed tree from :func:`resolved_dict`'s output (validates every dataclass group; moved keys are
+    taken at their old place too)."""
+    values = moved_into_place(values)
     known = {f.name for f in dataclasses.fields(RunConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -386,6 +494,10 @@ def run_config_from_dict(values: dict[str, Any]) -> RunConfig:
         "data": DataConfig(**values.pop("data", {})),
         "optim": OptimConfig(**values.pop("optim", {})),
         "trainer": TrainerConfig(**values.pop("trainer", {})),
+        "eval": EvalConfig(**values.pop("eval", {})),
+        "checkpoint": CheckpointConfig(**values.pop("checkpoint", {})),
+        "grad_stats": GradStatsConfig(**values.pop("grad_stats", {})),
+        "loader": LoaderConfig(**values.pop("loader", {})),
         "logger": LoggerConfig(**values.pop("logger", {})),
         "topology": TopologyConfig(**values.pop("topology", {})),
     }

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.data.samples import load_samples
-from harness.train.config import run_config_from_dict
+from harness.train.config import moved_into_place, run_config_from_dict
 from harness.train.distributed import (
     Interrupted,
     RankEnv,
@@ -66,7 +66,7 @@ FAILURE_GRACE_S = 2.0
 
 
 #: settings that change how a run executes or reports, never what it computes: they may differ on resume
-RUNTIME_KEYS = ("trainer.progress", "trainer.num_workers", "trainer.prefetch_factor", "trainer.resume",
+RUNTIME_KEYS = ("trainer.progress", "loader.", "trainer.resume",
                 "trainer.collective_timeout_s", "trainer.threads_per_rank", "logger.", "topology.peer_timeout_s",
                 # test-only settings an older run's config.json may hold (now the tests' rank hook's)
                 "trainer.record_consumed", "topology.drafter_delay_s")
@@ -86,7 +86,7 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 out[f"{prefix}{key}"] = value
         return out
 
-    before, after = flat(old), flat(new)
+    before, after = flat(moved_into_place(old)), flat(moved_into_place(new))  # an older run's names, moved
     # a key the old run's config does not have is a setting added to batchlab since (its default is the
     # behaviour the old run had): not a difference
     keys = sorted(k for k in before if not k.startswith(RUNTIME_KEYS) and k not in LAYOUT_KEYS)
@@ -224,7 +224,7 @@ def rank_failed_error(failed: Any, run_dir: str | Path, since: float | None = No
         how = f"was killed by signal {-failure.exitcode} ({name})"
         if name == "SIGKILL":
             how += (" (sent from outside the job, often by the kernel's out-of-memory killer: check `dmesg` or the "
-                    "job's memory limit; lower trainer.max_tokens or trainer.num_workers)")
+                    "job's memory limit; lower trainer.max_tokens or loader.num_workers)")
     else:
         message = failure.message
         if isinstance(message, dict):

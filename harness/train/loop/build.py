@@ -44,7 +44,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     status.stage("setup", 0)
     data = EpochData(config, comm, progress=env.is_main and trainer.progress)
     model = DrafterModel(config, device)
-    grads = GradientStatistics(model.parameters, comm, trainer.grad_stats_every, trainer.grad_stats_ema)
+    grads = GradientStatistics(model.parameters, comm, config.grad_stats.every, config.grad_stats.ema)
     model.distribute(comm, grads.bucket_norms, summing_comm_hook)
     optim = config.optim
     optimizer = torch.optim.AdamW(model.parameters, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
@@ -55,7 +55,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     checkpoints = CheckpointManager(
         run_dir, {"progress": state, "drafter": TorchState(model.drafter), "optimizer": TorchState(optimizer),
                   "grad_stats": grads, "consumed": consumed, "data": data, "rng": RngState()},
-        fingerprint=data.fingerprint, config=config_dict, keep=trainer.keep_checkpoints, is_main=env.is_main,
+        fingerprint=data.fingerprint, config=config_dict, keep=config.checkpoint.keep, is_main=env.is_main,
         barrier=comm.barrier, status=status)
     resumed = resume(checkpoints, data, state, consumed, env) if trainer.resume else False
     drafter = model.drafter
@@ -69,7 +69,7 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
         tap_layer_ids=list(drafter.target_layer_ids), hidden_size=drafter.hidden_size, rows=data.train_rows,
         collate=train_collate, plan_epoch=data.plan_epoch, first_epoch=state.epoch, run_dir=run_dir))
     evaluator = Evaluator(data=data, collate=eval_collate, model=model, comm=comm, status=status,
-                          trainer_config=trainer, device=device)
+                          eval_config=config.eval, gdn_backend=trainer.gdn_backend, device=device)
     logger = build_logger(config, run_dir, env.is_main, state.global_step if resumed else None, config_dict)
     return Trainer(config=config, run_dir=run_dir, comm=comm, status=status, data=data, model=model,
                    optimizer=optimizer, schedule=schedule, source=source, grads=grads, evaluator=evaluator,

@@ -18,9 +18,10 @@ class Cadence:
     total_steps: int | None = None
 
     @classmethod
-    def of(cls, trainer: Any, data: Any) -> Cadence:
-        """The cadence of a run's ``trainer`` config section over its epoch ``data`` (its stop condition)."""
-        return cls(trainer.eval_every_tokens, trainer.checkpoint_every_steps, data.total_tokens, data.total_steps)
+    def of(cls, eval_config: Any, checkpoint_config: Any, data: Any) -> Cadence:
+        """The cadence of a run's ``eval`` and ``checkpoint`` config sections over its epoch ``data`` (its stop
+        condition)."""
+        return cls(eval_config.every_tokens, checkpoint_config.every_steps, data.total_tokens, data.total_steps)
 
     def done(self, state: Any) -> bool:
         if self.total_steps is not None:

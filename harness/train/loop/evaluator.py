@@ -21,13 +21,14 @@ from harness.train.loop.step_stats import reduce_sum
 
 class Evaluator:
     def __init__(self, *, data: Any, collate: BatchCollator, model: Any, comm: Any, status: Any,
-                 trainer_config: Any, device: torch.device) -> None:
+                 eval_config: Any, gdn_backend: str, device: torch.device) -> None:
         self.data = data
         self.collate = collate
         self.model = model
         self.comm = comm
         self.status = status
-        self.trainer = trainer_config
+        self.settings = eval_config  # the run's eval section (harness.train.config.EvalConfig)
+        self.gdn_backend = gdn_backend
         self.device = device
         self._real_prompts: list | None = None
 
@@ -60,7 +61,7 @@ class Evaluator:
             batch = dataset[item].to(self.device)
             if batch.empty:
                 continue
-            features = target(batch.tokens, gdn_backend=self.trainer.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
+            features = target(batch.tokens, gdn_backend=self.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
             with self.model.autocast():
                 sums = drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)).detach()
             total = sums if total is None else total + sums
@@ -81,22 +82,22 @@ class Evaluator:
     @torch.no_grad()
     def real_acceptance(self) -> dict[str, Any]:
         """``eval_tau_real``: greedy speculative decoding of fixed held-out prompts, shared over the ranks."""
-        trainer, data = self.trainer, self.data
-        if trainer.eval_real_prompts == 0 or data.heldout_rows.size == 0:
+        settings, data = self.settings, self.data
+        if settings.real_prompts == 0 or data.heldout_rows.size == 0:
             return {}
         from harness.eval.speculative import evaluate_acceptance, heldout_prompts
 
         if self._real_prompts is None:
-            self._real_prompts = heldout_prompts(data.samples, data.heldout_rows, trainer.eval_real_prompt_tokens,
-                                                 trainer.eval_real_prompts)
+            self._real_prompts = heldout_prompts(data.samples, data.heldout_rows, settings.real_prompt_tokens,
+                                                 settings.real_prompts)
         env = self.comm.env
         mine = self._real_prompts[env.rank::env.world_size]
         block = self.model.drafter.block_size
         vector = torch.zeros(block + 2, dtype=torch.float64)  # [forwards gaining 1..B tokens, tokens, forwards]
         if mine:
             with self.model.autocast():
-                result = evaluate_acceptance(self.model.target, self.model.drafter, mine, trainer.eval_real_new_tokens,
-                                             gdn_backend=trainer.gdn_backend)
+                result = evaluate_acceptance(self.model.target, self.model.drafter, mine, settings.real_new_tokens,
+                                             gdn_backend=self.gdn_backend)
             vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
             vector[block] = result["eval_real_tokens"]
             vector[block + 1] = result["eval_real_target_forwards"]

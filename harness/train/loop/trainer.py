@@ -73,7 +73,7 @@ class Trainer:
         self.data, self.model, self.optimizer, self.schedule = data, model, optimizer, schedule
         self.source, self.grads, self.evaluator = source, grads, evaluator
         self.consumed, self.checkpoints, self.logger, self.state = consumed, checkpoints, logger, state
-        self.cadence = Cadence.of(config.trainer, data)  # when to evaluate, checkpoint and stop
+        self.cadence = Cadence.of(config.eval, config.checkpoint, data)  # when to evaluate, checkpoint and stop
         self.stop_requested = False
 
     # ------------------------------------------------------------------ the loop

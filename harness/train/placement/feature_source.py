@@ -71,6 +71,7 @@ class LocalTarget:
     def __init__(self, inputs: SourceInputs) -> None:
         self.inputs = inputs
         self.trainer = inputs.config.trainer
+        self.loader = inputs.config.loader
         self._epoch_batches: Iterator[StepBatches] | None = None
 
     def batches(self, plan: Plan, start_step: int, global_step: int) -> Iterator[StepBatches]:
@@ -81,8 +82,9 @@ class LocalTarget:
         inputs, trainer = self.inputs, self.trainer
         device = inputs.device
         dataset = RankMicroBatches(plan, inputs.env.rank, start_step, inputs.rows, inputs.collate)
-        workers = trainer.num_workers if trainer.num_workers is not None else (4 if device.type == "cuda" else 0)
-        loader = micro_batch_loader(dataset, workers, trainer.prefetch_factor, pin_memory=device.type == "cuda")
+        settings = self.loader
+        workers = settings.num_workers if settings.num_workers is not None else (4 if device.type == "cuda" else 0)
+        loader = micro_batch_loader(dataset, workers, settings.prefetch_factor, pin_memory=device.type == "cuda")
         iterator = iter(loader)
         try:
             for step, slots in zip(range(start_step, plan.num_steps), dataset.slots):

@@ -130,7 +130,7 @@ def test_two_rank_on_two_gpus_runs_bf16_with_the_nccl_warnings(tmp_path):
     for command in (colocated, disaggregated):
         assert command[0] == "NCCL_DEBUG=WARN" and command[1:3] == ["-m", "harness.cli.train"]
         assert {"strategy=packed", "trainer.device=cuda", "trainer.precision=bf16", "trainer.nproc=2",
-                "trainer.stop_tokens=1234", "trainer.eval_every_tokens=1234", "trainer.grad_stats_every=2",
+                "trainer.stop_tokens=1234", "eval.every_tokens=1234", "grad_stats.every=2",
                 "logger=none", "trainer.progress=false"} <= set(command)
         assert command[-2] == "data.source=kit/data"  # the caller's RUN_SET, after the step's own settings
     assert "topology=colocated" in colocated and f"hydra.run.dir={out}/two-rank-colocated" in colocated

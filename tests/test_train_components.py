@@ -33,7 +33,7 @@ from harness.train.loop.grad_stats import (
     squared_norms,
     small_batch_estimates,
 )
-from harness.train.loop.step_stats import RankStats, StepStats, reduce_sum, stat, step_record
+from harness.train.loop.step_stats import StepStats, reduce_sum, stat, step_record
 
 
 class ManyRanks(Collectives):
@@ -517,7 +517,8 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
                                 mask_token_id=drafter.mask_token_id, loss_decay_gamma=drafter.loss_decay_gamma,
                                 max_blocks=None, anchor_seed=config.data.heldout_seed)
         return Evaluator(data=data, collate=collate, model=model, comm=comm, status=status,
-                         trainer_config=config.trainer, device=torch.device("cpu"))(0)
+                         eval_config=config.eval, gdn_backend=config.trainer.gdn_backend,
+                         device=torch.device("cpu"))(0)
 
     alone = evaluate(Recorded(RankEnv()))
     rank1 = Recorded(RankEnv(1, 2))

@@ -79,7 +79,7 @@ class LocalTarget:
         return self._epoch_batches
 
     def _batches(self, plan: Plan, start_step: int, global_step: int) -> Iterator[StepBatches]:
-        inputs, trainer = self.inputs, self.trainer
+        inputs = self.inputs
         device = inputs.device
         dataset = RankMicroBatches(plan, inputs.env.rank, start_step, inputs.rows, inputs.collate)
         settings = self.loader

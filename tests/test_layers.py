@@ -112,3 +112,24 @@ def test_the_private_import_scan_finds_each_form(tmp_path, monkeypatch):
                       "import strategies._kernels\nfrom harness.models import config\nfrom harness.train.x import _y\n")
     found = _private_imports(source, "harness.train")
     assert [line.split(" ", 1)[0] for line in found] == ["mod.py:1", "mod.py:2", "mod.py:3"]
+
+
+def test_the_run_config_climbs_back_up_the_layering_at_most_twice(tmp_path, monkeypatch, batchlab_cache):
+    """benchmarks/config_walk.py traces the config from batchlab-train's entry point (one small in-process run):
+    the only climb allowed is the launcher calling back the rank's function; the detector finds a climb it is
+    shown (a file handing the config to a file above it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import config_walk
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.chdir(tmp_path)
+    modules, steps = config_walk.traced_walk([
+        "experiment=smoke", "strategy=packed", "trainer.nproc=1", "logger=none", "trainer.progress=false",
+        "trainer.stop_tokens=2000", "eval.every_tokens=2000", "eval.real_prompts=0"])
+    _, climbs = config_walk.walk_table(modules, steps)
+    assert modules[0] == "harness.cli.train" and "harness.train.loop.trainer" in modules
+    assert len(climbs) <= 2, climbs
+    _, shown = config_walk.walk_table(["harness.train.loop.build", "harness.train.launch.run"],
+                                      {("harness.train.loop.build", "harness.train.launch.run"): None})
+    assert shown == ["`harness/train/loop/build.py` (3) → `harness/train/launch/run.py` (2)"]

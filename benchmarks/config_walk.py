@@ -18,7 +18,9 @@ are there; a cold cache builds them first (minutes) and the walk then also visit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
 import sys
 import tempfile
 import tomllib
@@ -91,6 +93,24 @@ def is_config(value: object, types: tuple[type, ...]) -> bool:
     return isinstance(value, (dict, DictConfig)) and all(key in value for key in ("trainer", "strategy", "data"))
 
 
+@contextlib.contextmanager
+def logging_restored():
+    """Hydra's in-process run configures logging (a file handler on the run's ``train.log``, levels); put the
+    loggers back as they were, so that nothing logs into the walk's deleted run directory afterwards."""
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(logger, logging.Logger))]
+    saved = {logger: (list(logger.handlers), logger.level, logger.propagate, logger.disabled) for logger in loggers}
+    try:
+        yield
+    finally:
+        for logger, (handlers, level, propagate, disabled) in saved.items():
+            for handler in [h for h in logger.handlers if h not in handlers]:
+                handler.close()
+            logger.handlers[:] = handlers  # Hydra's dictConfig also took the earlier ones off
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
+
+
 def traced_walk(overrides: list[str]) -> tuple[list[str], dict[tuple[str, str], None]]:
     """The project modules handed the config, in the order of their first visit, and every step (caller module,
     called module) of the walk, as ``batchlab-train`` runs."""
@@ -117,7 +137,7 @@ def traced_walk(overrides: list[str]) -> tuple[list[str], dict[tuple[str, str], 
         if caller is not None and module_of(caller.f_code.co_filename) != module:
             steps.setdefault((module_of(caller.f_code.co_filename), module), None)
 
-    with tempfile.TemporaryDirectory() as run_dir:
+    with tempfile.TemporaryDirectory() as run_dir, logging_restored():
         argv = sys.argv
         sys.argv = ["batchlab-train", *overrides, f"hydra.run.dir={run_dir}"]
         sys.setprofile(profile)

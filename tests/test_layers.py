@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import sys
@@ -124,10 +125,13 @@ def test_the_run_config_climbs_back_up_the_layering_at_most_twice(tmp_path, monk
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     monkeypatch.chdir(tmp_path)
+    handlers_before = list(logging.getLogger().handlers)
     modules, steps = config_walk.traced_walk([
         "experiment=smoke", "strategy=packed", "trainer.nproc=1", "logger=none", "trainer.progress=false",
         "trainer.stop_tokens=2000", "eval.every_tokens=2000", "eval.real_prompts=0"])
     _, climbs = config_walk.walk_table(modules, steps)
+    # Hydra's file handler into the walk's deleted run directory is gone again (later tests log to the root)
+    assert logging.getLogger().handlers == handlers_before
     assert modules[0] == "harness.cli.train" and "harness.train.loop.trainer" in modules
     assert len(climbs) <= 2, climbs
     _, shown = config_walk.walk_table(["harness.train.loop.build", "harness.train.launch.run"],

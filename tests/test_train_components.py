@@ -467,6 +467,37 @@ def test_a_failing_run_closes_its_logger_as_failed_once(tmp_path, batchlab_cache
     assert sink.closed == [True]  # the W&B run would be finished as failed (exit code 1), once
 
 
+
+def test_a_stop_signal_during_the_optimizer_step_is_never_lost(tmp_path, batchlab_cache):
+    """The ranks decide to stop together, from each rank's flag gathered with its step numbers; a signal landing
+    after that gather (here: in the optimizer step) stops the run at the next step. It was lost when the handler
+    set the decision itself and the gathered result overwrote it (a SIGTERM'd job then ran to its end, exit 0)."""
+    import os
+    import signal
+
+    from harness.train.loop.build import build_trainer
+    from harness.train.placement.registry import place
+
+    config = run_config_from_dict(compose_config([
+        "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.progress=false", "trainer.stop_tokens=8000",
+        "eval.every_tokens=100000", "eval.real_prompts=0"]))
+    trainer = build_trainer(config, tmp_path, place(config.topology, RankEnv()))
+    step = trainer.optimizer.step
+    calls = []
+
+    def step_then_signalled(*args, **kwargs):
+        calls.append(1)
+        result = step(*args, **kwargs)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler runs here, after the gather
+        return result
+
+    trainer.optimizer.step = step_then_signalled
+    summary = trainer.train()
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] == 3 == len(calls)  # the step after the signal's, every rank with it
+
+
 # ---------------------------------------------------------------- evaluation
 class Recorded(Collectives):
     """One rank of a simulated job run alone: its all-reduce inputs are recorded (and returned unreduced)."""

@@ -137,7 +137,7 @@ def _run_hooked_rank(config_dict: dict[str, Any], run_dir: str, env: RankEnv) ->
     except BaseException as error:
         if trainer is not None:
             trainer.abort()
-        stopping = (trainer is not None and trainer.stop_requested) or (worker is not None and worker.signalled)
+        stopping = (trainer is not None and trainer.signal_received) or (worker is not None and worker.signalled)
         _rank_failed(error, env, run_dir, started, stopping=stopping)
         raise
     finally:

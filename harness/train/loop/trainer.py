@@ -74,7 +74,8 @@ class Trainer:
         self.source, self.grads, self.evaluator = source, grads, evaluator
         self.consumed, self.checkpoints, self.logger, self.state = consumed, checkpoints, logger, state
         self.cadence = Cadence.of(config.eval, config.checkpoint, data)  # when to evaluate, checkpoint and stop
-        self.stop_requested = False
+        self.signal_received = False  # set by a stop signal's handler, at any moment; never cleared
+        self.stop_requested = False  # the job's decision, the same on every rank: some rank had a signal
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
@@ -204,7 +205,7 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters, clip if clip > 0 else math.inf))
         mine = StepStats.measure(batches, total, step_time=time.perf_counter() - started, data_wait=data_wait,
                                  target_time=target_time, drafter_time=drafter_time,
-                                 stop_requested=self.stop_requested, peak_memory_mb=_peak_memory_mb(self.model.device))
+                                 stop_requested=self.signal_received, peak_memory_mb=_peak_memory_mb(self.model.device))
         ranks = mine.gather(self.comm)  # every rank sees every rank's numbers
         weight_sum = ranks.total("weight_sum")
         loss = ranks.total("weighted_ce_sum") / weight_sum if weight_sum > 0 else math.nan
@@ -246,7 +247,9 @@ class Trainer:
     def _install_signal_handlers(self) -> dict[int, Any]:
         """Stop signals finish the step and checkpoint; returns the handlers they replaced."""
         def request_stop(signum: int, frame: Any) -> None:  # noqa: ARG001
-            self.stop_requested = True
+            # Only noted here: the ranks decide together at the next step's gather of StepStats. Setting the
+            # decision itself would race with that gather's result (a signal landing between the two was lost).
+            self.signal_received = True
 
         # a submitit job (hydra/launcher=slurm) is warned by SIGUSR2 before its time limit (signal_delay_s)
         submitit = (signal.SIGUSR2,) if os.environ.get("SUBMITIT_EXECUTOR") else ()

@@ -251,14 +251,16 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
     if finite.empty:
         return []
     fastest = finite.loc[finite["tokens_per_second"].idxmax()]
-    if timing.flagged:
+    if len(finite) == 1:  # nothing to compare with: no "highest"
+        sentences = [f"{fastest['strategy']}: {fastest['tokens_per_second']:,.0f} real tokens/s "
+                     f"(padding {fastest['padding_pct']:.1f}%)"
+                     + (f"; its timings were disturbed ({THROUGHPUT_SOURCE} is the source of record)."
+                        if timing.flagged else ".")]
+    elif timing.flagged:
         sentences = [f"{fastest['strategy']} has the highest throughput measured in this sweep "
                      f"({fastest['tokens_per_second']:,.0f} real tokens/s, padding {fastest['padding_pct']:.1f}%), "
                      f"but the timings of {', '.join(timing.disturbed)} were disturbed: no throughput ratio is quoted "
                      f"from this sweep (`{THROUGHPUT_SOURCE}` is the source of record)."]
-    elif len(finite) == 1:  # nothing to compare with
-        sentences = [f"{fastest['strategy']}: {fastest['tokens_per_second']:,.0f} real tokens/s "
-                     f"(padding {fastest['padding_pct']:.1f}%)."]
     else:
         sentences = [f"{fastest['strategy']} has the highest throughput: {fastest['tokens_per_second']:,.0f} real "
                      f"tokens/s, {fastest['relative_throughput']:.2f}× {reference} "

@@ -267,6 +267,17 @@ def test_disturbed_timings_quote_no_ratio_and_skip_the_throughput_tests():
         assert "benchmarks/train_throughput.py" in timing.note()
 
 
+
+def test_a_one_strategy_sweep_names_no_highest_throughput_even_with_disturbed_timings():
+    """A smoke run alone (one strategy, one seed, a loaded machine): its throughput, never "the highest"."""
+    for speeds in ([100.0, 104.0, 97.0], [2500.0, 5400.0, 27600.0]):  # steady, then disturbed (CV > TIMING_CV_MAX)
+        alone = _synthetic({"packed": [2.0, 2.1, 2.2]}, speeds={"packed": speeds})
+        timing = timing_check(alone)
+        assert timing.flagged == (speeds[0] == 2500.0)
+        first = summary_sentences(strategy_table(alone), compare_pairs(alone, timing=timing), timing)[0]
+        assert first.startswith("packed: ") and "real tokens/s" in first and "highest" not in first
+        assert ("disturbed" in first) == timing.flagged
+
 def test_step_rate_checks_measure_how_steady_the_machine_was():
     def checks(real, slots, times):
         found = step_rate_checks(real, slots, times)

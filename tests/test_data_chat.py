@@ -162,6 +162,60 @@ def test_bad_conversations_are_named_by_row_and_turn(chat_tokenizer, tmp_path, t
         load(write([{"messages": turns}], tmp_path / "data.jsonl"), chat_tokenizer)
 
 
+
+def test_every_bad_row_is_reported_in_one_pass_and_dropped_on_request(chat_tokenizer, tmp_path):
+    """One file with a bad row of every kind, among good ones: one refusal names each kind with its count and
+    its rows (1-based lines), nothing tokenized; data.bad_rows=drop trains on the good rows and counts the rest."""
+    good = {"conversations": sharegpt(CONVERSATION)}
+    bad = [
+        {"conversations": [{"from": "human", "value": "hi"}]},  # line 2: no assistant turn
+        {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "x"}]},  # 3: empty turn
+        {"conversations": [{"from": "human", "value": 123}, {"from": "gpt", "value": "x"}]},  # 4: not text
+        {"conversations": [{"from": "robot", "value": "hi"}, {"from": "gpt", "value": "x"}]},  # 5: unknown role
+        {"conversations": []},  # 6: not a list of turns
+        {"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]},  # 7: a turn without its keys
+        {"messages": CONVERSATION},  # 8: the other schema's key
+        {"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"},
+                           {"from": "gpt", "value": "x"}]},  # 10: roles that do not alternate (the template)
+    ]
+    path = tmp_path / "data.jsonl"
+    lines = [json.dumps(good), *map(json.dumps, bad[:7]), '{"conversations": [', *map(json.dumps, bad[7:]),
+             json.dumps(good), json.dumps({"conversations": [{"from": "human", "value": "more"}]})]
+    path.write_text("\n".join(lines) + "\n")  # line 9 is cut JSON; line 12 has no assistant turn either
+    with pytest.raises(ConversationError) as refused:
+        load(path, chat_tokenizer)
+    report = str(refused.value)
+    # read in one pass: every reading problem at once, before any tokenizing (the template's come after)
+    assert "9 of 12 conversations are bad" in report and "nothing was tokenized" in report
+    for kind, count, where in [("no assistant turn", 2, "line 2: no assistant turn"),
+                               ("empty turn", 1, "line 3, turn 0 (user): empty content"),
+                               ("content that is not text", 1, "line 4, turn 0 (user): 'value' is int 123, not text"),
+                               ("unknown role", 1, "line 5, turn 0: unknown role 'robot'"),
+                               ("not a list of turns", 1, "line 6: conversations is empty"),
+                               ("a turn without role and content", 1, "line 7, turn 0: give an object"),
+                               ("no conversation key", 1, "line 8 has no 'conversations' key"),
+                               ("not valid JSON", 1, "line 9 is not valid JSON")]:
+        assert f"  {kind}, {count}:" in report, kind
+        assert where in report, where
+    assert "line 12: no assistant turn" in report and "data.bad_rows=drop" in report
+    assert not list((tmp_path / "cache").glob("chat-*/data.arrow"))  # nothing built
+    kept = load(path, chat_tokenizer, bad_rows="drop")
+    assert len(kept) == 2  # lines 1 and 11
+    assert "10 bad dropped (2 no assistant turn, 1 " in kept.source and "1 refused by the chat template" in kept.source
+    # the template's refusals are found while tokenizing, and reported together too
+    only_template = write([good, bad[7], bad[7]], tmp_path / "template.jsonl")
+    with pytest.raises(ConversationError, match=r"(?s)2 of 3 conversations are bad.*found while tokenizing.*"
+                                                r"refused by the chat template, 2:.*line 2: the chat template"):
+        load(only_template, chat_tokenizer)
+
+
+def test_data_incomplete_drop_also_drops_a_conversation_without_any_assistant_turn(chat_tokenizer, tmp_path):
+    path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}], tmp_path / "data.jsonl")
+    samples = load(path, chat_tokenizer, incomplete="drop")
+    assert len(samples) == 1 and "1 without a final assistant turn dropped" in samples.source
+    with pytest.raises(ConversationError, match="line 2: no assistant turn.*or set data.incomplete=drop"):
+        load(path, chat_tokenizer)  # trim: nothing to keep, a bad row
+
 def test_a_tokenizer_without_a_chat_template_or_data_without_one_is_refused(chat_tokenizer, tmp_path):
     path = write([{"messages": CONVERSATION}], tmp_path / "data.jsonl")
     with pytest.raises(ConversationError, match="has no chat template; add one \\(a chat_template.jinja file"):

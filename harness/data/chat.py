@@ -5,11 +5,14 @@ Two schemas, in JSON lines, parquet or a ``save_to_disk`` directory:
 - OpenAI style: ``{"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}``;
 - ShareGPT style: ``{"conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}``.
 
-Every problem is named by row (and turn) with its fix: an unknown role, empty content, no assistant turn,
-a turn that is not an object. A conversation that does not end with an assistant turn follows
-``data.incomplete``: ``trim`` (drop the turns after the last assistant turn, counted), ``drop`` (leave the
-conversation out, counted) or ``error``. Nothing is dropped silently: :class:`ChatRows` counts every
-conversation trimmed or left out.
+Every problem is named by row (and turn) with its fix: an unknown role, an empty turn, content that is not
+text, no assistant turn, a turn that is not an object, a line that is not JSON. The whole source is read
+once and every bad row is reported together (:class:`BadRows`: a count per kind and the first few of each),
+then ``data.bad_rows`` decides: ``refuse`` (the default: nothing is tokenized) or ``drop`` (left out,
+counted). A conversation that does not end with an assistant turn follows ``data.incomplete``: ``trim``
+(drop the turns after the last assistant turn, counted), ``drop`` (leave the conversation out, counted; one
+with no assistant turn at all too) or ``error`` (a bad row). Nothing is dropped silently: :class:`ChatRows`
+counts every conversation trimmed or left out, and why.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.data.config import BAD_ROWS_CHOICES, INCOMPLETE_CHOICES
 from harness.data.errors import DataValidationError
 
 #: the column of each schema, and the keys of its turns
@@ -27,12 +31,65 @@ SCHEMAS = {"messages": ("role", "content"), "conversations": ("from", "value")}
 #: every role name either schema uses, to the role a chat template expects
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
-INCOMPLETE_CHOICES = ("trim", "drop", "error")
 READ_BATCH_ROWS = 1000
+#: examples of each kind of bad row a report names (the rest are counted)
+EXAMPLES_PER_KIND = 3
+
+# the kinds of bad rows, as reports name them
+NOT_JSON = "not valid JSON"
+NO_COLUMN = "no conversation key"
+NOT_TURNS = "not a list of turns"
+NOT_A_TURN = "a turn without role and content"
+UNKNOWN_ROLE = "unknown role"
+EMPTY_TURN = "empty turn"
+NOT_TEXT = "content that is not text"
+NO_ASSISTANT = "no assistant turn"
+UNFINISHED = "no final assistant turn (data.incomplete=error)"
+TEMPLATE_REFUSED = "refused by the chat template"
 
 
 class ConversationError(DataValidationError):
     """A conversation the chat path cannot use (named by row and turn)."""
+
+
+class BadRow(ConversationError):
+    """One row's problem: its ``kind`` (one of the kinds above) and the message naming row, turn and fix."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class BadRows:
+    """Every bad row of a source, by kind: how many, and the first few messages of each kind."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, problem: BadRow) -> None:
+        self.counts[problem.kind] = self.counts.get(problem.kind, 0) + 1
+        shown = self.examples.setdefault(problem.kind, [])
+        if len(shown) < EXAMPLES_PER_KIND:
+            shown.append(str(problem))
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def words(self) -> str:
+        """``2 empty turn, 1 no assistant turn`` (most first)."""
+        return ", ".join(f"{count} {kind}" for kind, count in sorted(self.counts.items(), key=lambda kv: -kv[1]))
+
+    def report(self, path: Path, rows: int, when: str) -> str:
+        """The refusal: every kind, its count and its first examples, and the two ways on."""
+        lines = [f"{path}: {self.total} of {rows} conversations are bad ({self.words()}); {when}. Fix them, or set "
+                 "data.bad_rows=drop to leave them out (counted):"]
+        for kind, count in sorted(self.counts.items(), key=lambda kv: -kv[1]):
+            more = f" (and {count - len(self.examples[kind])} more)" if count > len(self.examples[kind]) else ""
+            lines.append(f"  {kind}, {count}{more}:")
+            lines += [f"    {example.removeprefix(f'{path}: ')}" for example in self.examples[kind]]
+        return "\n".join(lines)
 
 
 @dataclass
@@ -43,11 +100,15 @@ class ChatRows:
     trimmed: int = 0  # conversations whose trailing non-assistant turns were dropped (data.incomplete=trim)
     dropped: int = 0  # conversations left out (data.incomplete=drop)
     schema: str = ""
+    bad: BadRows = field(default_factory=BadRows)  # bad rows found (left out under data.bad_rows=drop)
+    read: int = 0  # rows read, bad ones included
 
     def words(self) -> str:
         changed = [f"{count} {what}" for count, what in ((self.trimmed, "trimmed after their last assistant turn"),
                                                           (self.dropped, "without a final assistant turn dropped"))
                    if count]
+        if self.bad.total:
+            changed.append(f"{self.bad.total} bad dropped ({self.bad.words()})")
         return f"{len(self.rows)} conversations ({self.schema})" + (f", {', '.join(changed)}" if changed else "")
 
 
@@ -59,32 +120,56 @@ def conversation_column(names: list[str]) -> str | None:
     return found[0] if found else None
 
 
-def read_conversations(path: Path, split: str | None, incomplete: str) -> ChatRows:
-    """Every conversation of ``path`` (JSON lines, parquet or a save_to_disk directory), checked and normalised."""
+def read_conversations(path: Path, split: str | None, incomplete: str, bad_rows: str = "refuse") -> ChatRows:
+    """Every conversation of ``path`` (JSON lines, parquet or a save_to_disk directory), checked and normalised.
+
+    The whole source is read before anything is refused: with ``bad_rows="refuse"`` every bad row is reported
+    in one :class:`ConversationError` (a count per kind, the first few of each); with ``"drop"`` they are left
+    out and counted in :attr:`ChatRows.bad`."""
     if incomplete not in INCOMPLETE_CHOICES:
         raise ConversationError(f"data.incomplete={incomplete!r}: choose one of {list(INCOMPLETE_CHOICES)}")
+    if bad_rows not in BAD_ROWS_CHOICES:
+        raise ConversationError(f"data.bad_rows={bad_rows!r}: choose one of {list(BAD_ROWS_CHOICES)}")
     records, column = _records(path, split)
     out = ChatRows(schema="OpenAI messages" if column == "messages" else "ShareGPT conversations")
     for where, value in records:
-        turns = normalise(value, f"{path}: {where}", column)
-        last_assistant = max((i for i, turn in enumerate(turns) if turn["role"] == "assistant"), default=None)
-        if last_assistant is None:
-            raise ConversationError(f"{path}: {where}: no assistant turn, so nothing to train on; give each "
-                                    "conversation at least one assistant reply (or remove the row)")
-        if last_assistant != len(turns) - 1:
-            if incomplete == "error":
-                raise ConversationError(
-                    f"{path}: {where}: ends with a {turns[-1]['role']} turn, not an assistant reply; set "
-                    "data.incomplete=trim (drop the turns after the last reply) or data.incomplete=drop")
-            if incomplete == "drop":
-                out.dropped += 1
-                continue
-            turns = turns[:last_assistant + 1]
-            out.trimmed += 1
-        out.rows.append((where, turns))
+        out.read += 1
+        try:
+            if isinstance(value, BadRow):  # the row itself could not be read
+                raise value
+            turns = normalise(value, f"{path}: {where}", column)
+            kept = _checked(turns, f"{path}: {where}", incomplete)
+        except BadRow as problem:
+            out.bad.add(problem)
+            continue
+        if kept is None:
+            out.dropped += 1
+        else:
+            out.trimmed += int(len(kept) < len(turns))
+            out.rows.append((where, kept))
+    if out.bad.total and bad_rows == "refuse":
+        raise ConversationError(out.bad.report(path, out.read, "nothing was tokenized"))
     if not out.rows:
-        raise ConversationError(f"{path}: no conversation is left ({out.dropped} dropped by data.incomplete=drop)")
+        raise ConversationError(f"{path}: no conversation is left of {out.read} ({out.dropped} dropped by "
+                                f"data.incomplete=drop, {out.bad.total} bad dropped by data.bad_rows=drop)")
     return out
+
+
+def _checked(turns: list[dict[str, str]], where: str, incomplete: str) -> list[dict[str, str]] | None:
+    """``turns`` ending with an assistant reply (trimmed after it under ``data.incomplete=trim``); None: dropped
+    (``data.incomplete=drop``); a :class:`BadRow` when there is no reply to train on, or it must end with one."""
+    last_assistant = max((i for i, turn in enumerate(turns) if turn["role"] == "assistant"), default=None)
+    if last_assistant == len(turns) - 1:
+        return turns
+    if incomplete == "drop":
+        return None
+    if last_assistant is None:
+        raise BadRow(NO_ASSISTANT, f"{where}: no assistant turn, so nothing to train on; give each conversation at "
+                                   "least one assistant reply, remove the row, or set data.incomplete=drop")
+    if incomplete == "error":
+        raise BadRow(UNFINISHED, f"{where}: ends with a {turns[-1]['role']} turn, not an assistant reply; set "
+                                 "data.incomplete=trim (drop the turns after the last reply) or data.incomplete=drop")
+    return turns[:last_assistant + 1]
 
 
 def normalise(value: Any, where: str, column: str) -> list[dict[str, str]]:
@@ -95,23 +180,27 @@ def normalise(value: Any, where: str, column: str) -> list[dict[str, str]]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise ConversationError(f"{where}: {column} is text that is not JSON; give a list of turns") from None
+            raise BadRow(NOT_TURNS, f"{where}: {column} is text that is not JSON; give a list of turns") from None
     if not isinstance(value, list) or not value:
-        raise ConversationError(f"{where}: {column} is {type(value).__name__ if value else 'empty'}; give a "
+        raise BadRow(NOT_TURNS, f"{where}: {column} is {type(value).__name__ if value else 'empty'}; give a "
                                 f"non-empty list of turns like {{{role_key!r}: ..., {content_key!r}: ...}}")
     turns = []
     for index, turn in enumerate(value):
         if not isinstance(turn, dict) or role_key not in turn or content_key not in turn:
-            raise ConversationError(f"{where}, turn {index}: give an object with {role_key!r} and {content_key!r} "
-                                    f"(found {json.dumps(turn)[:80]})")
+            raise BadRow(NOT_A_TURN, f"{where}, turn {index}: give an object with {role_key!r} and {content_key!r} "
+                                     f"(found {json.dumps(turn)[:80]})")
         role = ROLES.get(str(turn[role_key]).strip().lower())
         if role is None:
-            raise ConversationError(f"{where}, turn {index}: unknown role {turn[role_key]!r}; use one of "
-                                    f"{sorted(ROLES)}")
+            raise BadRow(UNKNOWN_ROLE, f"{where}, turn {index}: unknown role {turn[role_key]!r}; use one of "
+                                       f"{sorted(ROLES)}")
         content = turn[content_key]
-        if not isinstance(content, str) or not content.strip():
-            raise ConversationError(f"{where}, turn {index} ({role}): empty content; give the turn's text or "
-                                    "remove the turn")
+        if not isinstance(content, str):
+            raise BadRow(NOT_TEXT, f"{where}, turn {index} ({role}): {content_key!r} is "
+                                   f"{type(content).__name__} {json.dumps(content)[:40]}, not text; give the turn's "
+                                   "text as a string")
+        if not content.strip():
+            raise BadRow(EMPTY_TURN, f"{where}, turn {index} ({role}): empty content; give the turn's text or "
+                                     "remove the turn")
         turns.append({"role": role, "content": content})
     return turns
 
@@ -152,27 +241,33 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise ConversationError(f"{path}: line {number} is not valid JSON: {err.msg} at column "
-                                            f"{err.colno}") from None
+                    yield f"line {number}", BadRow(NOT_JSON, f"{path}: line {number} is not valid JSON: {err.msg} "
+                                                             f"at column {err.colno}")
+                    continue
                 if not isinstance(record, dict) or column not in record:
-                    raise ConversationError(f"{path}: line {number} has no {column!r} key; give every line the "
-                                            "same schema")
+                    yield f"line {number}", BadRow(NO_COLUMN, f"{path}: line {number} has no {column!r} key; give "
+                                                              "every line the same schema")
+                    continue
                 yield f"line {number}", record[column]
     return json_rows(), column
 
 
 def _first_json_object(path: Path) -> dict:
+    """The first line that is a JSON object (the lines before it are reported with the other bad rows)."""
+    found = False
     with path.open() as lines:
-        for number, line in enumerate(lines, start=1):
+        for line in lines:
             if line.strip():
+                found = True
                 try:
                     record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ConversationError(f"{path}: line {number} is not valid JSON: {err.msg}") from None
-                if not isinstance(record, dict):
-                    raise ConversationError(f"{path}: line {number} is not a JSON object")
-                return record
-    raise ConversationError(f"{path}: the file is empty; give one conversation per line")
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict):
+                    return record
+    raise ConversationError(f"{path}: " + ("no line is a JSON object; give one conversation per line as "
+                                           '{"messages": [...]}' if found else
+                                           "the file is empty; give one conversation per line"))
 
 
 def _column_or_error(path: Path, names: list[str]) -> str:

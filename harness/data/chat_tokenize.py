@@ -10,7 +10,9 @@ it and the last must equal the whole conversation's rendering, or the conversati
 the row. Which of the two was used is recorded (:attr:`ChatTokenizer.method`).
 
 The result is cached like the other sources: one Arrow file of ``input_ids`` and ``loss_mask``, keyed by
-the conversations' file, the tokenizer's files (its template included) and ``data.incomplete``.
+the conversations' file, the tokenizer's files (its template included), ``data.incomplete`` and
+``data.bad_rows``. A conversation the template refuses (e.g. roles that do not alternate) is a bad row
+like those :mod:`harness.data.chat` finds: all of them are reported together, or dropped and counted.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from harness.data import cache
-from harness.data.chat import ConversationError, read_conversations
+from harness.data.chat import TEMPLATE_REFUSED, BadRow, ConversationError, read_conversations
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: bad rows reported together, or dropped (data.bad_rows)
 PREFIX = "chat"
 DATA_FILE = "data.arrow"
 MARKERS = "generation markers"
@@ -92,7 +94,7 @@ def encode_conversation(chat: ChatTokenizer, turns: list[dict[str, str]], where:
         else:
             ids, mask = _turn_by_turn(chat, turns, where)
     except TemplateError as error:  # the template's own checks (e.g. roles must alternate)
-        raise ConversationError(f"{where}: the chat template refused this conversation ({error}); fix the "
+        raise BadRow(TEMPLATE_REFUSED, f"{where}: the chat template refused this conversation ({error}); fix the "
                                 "turns (e.g. alternate user and assistant) or use a template that accepts them") from None
     if not any(mask):
         raise ConversationError(f"{where}: the chat template marks no assistant token; check the template's "
@@ -127,33 +129,43 @@ def _turn_by_turn(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) 
 
 
 def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | Path, incomplete: str,
-                            cache_dir: Path, progress: bool = True) -> tuple[Path, dict, str]:
+                            cache_dir: Path, progress: bool = True, bad_rows: str = "refuse") -> tuple[Path, dict, str]:
     """The cached Arrow file of ``path``'s conversations tokenized: ``(file, meta, fingerprint)``."""
     chat = load_chat_tokenizer(tokenizer_dir)
     source = cache.tree_signature(path) if path.is_dir() else cache.file_signature(path)
     fingerprint = cache.digest({"format": FORMAT_VERSION, "source": source, "split": split,
-                                "tokenizer": cache.tree_signature(chat.path), "incomplete": incomplete})
+                                "tokenizer": cache.tree_signature(chat.path), "incomplete": incomplete,
+                                "bad_rows": bad_rows})
 
     def build(tmp: Path) -> dict:
         import pyarrow as pa
         from tqdm import tqdm
 
-        conversations = read_conversations(path, split, incomplete)
+        conversations = read_conversations(path, split, incomplete, bad_rows)  # refuses before tokenizing
         offsets = [0]
         ids: list[int] = []
         mask: list[int] = []
         for where, turns in tqdm(conversations.rows, desc=f"chat template {path.name}", unit=" conversations",
                                  disable=not progress, leave=False):
-            row_ids, row_mask = encode_conversation(chat, turns, f"{path}: {where}")
+            try:
+                row_ids, row_mask = encode_conversation(chat, turns, f"{path}: {where}")
+            except BadRow as problem:
+                conversations.bad.add(problem)
+                continue
             ids += row_ids
             mask += row_mask
             offsets.append(len(ids))
+        if conversations.bad.total and bad_rows == "refuse":
+            raise ConversationError(conversations.bad.report(path, conversations.read, "found while tokenizing"))
+        if len(offsets) == 1:
+            raise ConversationError(f"{path}: no conversation is left ({conversations.words()})")
         offsets_array = pa.array(np.asarray(offsets, dtype=np.int64))
         table = pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets_array, pa.array(ids, type=pa.int32())),
                           "loss_mask": pa.LargeListArray.from_arrays(offsets_array, pa.array(mask, type=pa.int8()))})
         with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return {"source": str(path), "rows": len(conversations.rows), "trimmed": conversations.trimmed,
+        return {"source": str(path), "rows": len(offsets) - 1, "trimmed": conversations.trimmed,
+                "bad": conversations.bad.counts,
                 "dropped": conversations.dropped, "schema": conversations.schema, "mask": chat.method,
                 "tokenizer": str(chat.path), "vocab_size": chat.vocab_size, "words": conversations.words()}
 

@@ -14,6 +14,7 @@ STDLIB_SOURCE = "stdlib"
 STDLIB_CHAT_SOURCE = "stdlib-chat"
 FORMATS = ("auto", "tokenized", "conversations")
 INCOMPLETE_CHOICES = ("trim", "drop", "error")
+BAD_ROWS_CHOICES = ("refuse", "drop")
 NO_ANCHOR_CHOICES = ("drop", "error")
 # 256 byte-level symbols + the two special tokens: the smallest vocabulary a byte-level BPE can have.
 MIN_VOCAB_SIZE = 258
@@ -54,7 +55,12 @@ class DataConfig:
             applied (``None``: the target checkpoint's own when ``target.pretrained`` is one, the embedded
             chat tokenizer for ``source=stdlib-chat``).
         incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med
-            after its last assistant turn, ``"drop"``-ped, or an ``"error"`` (counted either way).
+            after its last assistant turn, ``"drop"``-ped (one with no assistant turn too), or an ``"error"``
+            (a bad row), counted either way.
+        bad_rows: conversations only: a row that cannot be used (not JSON, an unknown role, an empty turn,
+            content that is not text, no assistant turn, refused by the chat template) is reported with every
+            other bad row in one message and nothing is tokenized (``"refuse"``), or left out and counted
+            (``"drop"``).
         completions: ``"corpus"`` (the data's own completions) or ``"regenerated"``: every prompt's
             completion regenerated greedily by the run's (pretrained) target before training, as the
             anchor trainers do, so that the drafter learns the target's distribution
@@ -75,9 +81,11 @@ class DataConfig:
     format: str = "auto"
     tokenizer: str | None = None
     incomplete: str = "trim"
+    bad_rows: str = "refuse"
 
     def __post_init__(self) -> None:
-        for name, choices in (("format", FORMATS), ("incomplete", INCOMPLETE_CHOICES)):
+        for name, choices in (("format", FORMATS), ("incomplete", INCOMPLETE_CHOICES),
+                              ("bad_rows", BAD_ROWS_CHOICES)):
             if getattr(self, name) not in choices:
                 raise DataConfigError(f"data.{name}={getattr(self, name)!r}: choose one of {list(choices)}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):

@@ -147,7 +147,7 @@ def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: 
             "the target's chat template (a pretrained target's checkpoint gives its own), or data.source="
             "stdlib-chat for the embedded chat corpus")
     arrow, meta, fingerprint = tokenized_conversations(Path(path), cfg.split, tokenizer, cfg.incomplete,
-                                                       cfg.resolved_cache_dir(), progress)
+                                                       cfg.resolved_cache_dir(), progress, cfg.bad_rows)
     import datasets
 
     dataset = datasets.Dataset.from_file(str(arrow))

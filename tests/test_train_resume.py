@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from train_support import (
@@ -130,7 +131,8 @@ def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, 
     checkpoint claims nothing: the same command, corrected, runs in its place, and train.log holds the failed
     rank's traceback and the new run's own lines. A rerun with other settings over the finished run is refused
     with exit status 2 and one line, and leaves the directory as it was (.hydra/*.yaml put back, config.json and
-    the metrics untouched)."""
+    the metrics untouched); so does bad input found before the directory is claimed (its train.log untouched,
+    the traceback in a file of its own)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"input_ids": list(range(2, 40 + i))}) + "\n" for i in range(40)))
     run_dir = tmp_path / "run"
@@ -171,5 +173,18 @@ def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, 
     assert refused.returncode == 2, (refused.returncode, refused.stderr[-3000:])
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "holds a run with other settings (" in lines[0] and "seed: 0 -> 1" in lines[0], refused.stderr
+    assert {name: (run_dir / ("" if name.endswith(".json") or name.endswith(".jsonl") else ".hydra") / name).read_text()
+            for name in kept} == kept
+    # bad input over the finished run, found before the directory is claimed: the run's files stay its own
+    log_before = (run_dir / "train.log").read_bytes()
+    typo = train_cli([*base, f"data.source={data}", "trainer.oversize=drop", "data.heldout_fraction=1.5"],
+                     cwd=tmp_path)
+    assert typo.returncode == 2, typo.stderr[-3000:]
+    lines = [line for line in typo.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "data.heldout_fraction=1.5 is outside [0, 1)" in lines[0], typo.stderr
+    elsewhere = Path(re.search(r"traceback in (\S+)\)$", lines[0])[1])
+    assert run_dir not in elsewhere.parents and "Traceback" in elsewhere.read_text()
+    elsewhere.unlink()
+    assert (run_dir / "train.log").read_bytes() == log_before
     assert {name: (run_dir / ("" if name.endswith(".json") or name.endswith(".jsonl") else ".hydra") / name).read_text()
             for name in kept} == kept

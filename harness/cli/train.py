@@ -54,6 +54,15 @@ def _restore_hydra_files(hydra_dir: Path) -> bool:
     return _copy_yaml(hydra_dir / ACCEPTED_HYDRA_DIR, hydra_dir)
 
 
+def _refusal_log() -> Path:
+    """A new file for the traceback of a run refused before it could claim a directory that holds another run."""
+    import tempfile
+
+    handle, name = tempfile.mkstemp(prefix="batchlab-train-refused-", suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
 def _launcher_rank() -> int:
     """This process's rank under an external launcher (torchrun's RANK, SLURM's SLURM_PROCID); 0 otherwise."""
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
@@ -77,9 +86,11 @@ def main(cfg: DictConfig) -> float | None:
     hydra_dir = Path(run_dir) / (hydra_config.output_subdir or ".hydra")
     config_dict = resolved_dict(cfg)
     log = Path(run_dir) / RUN_LOG
+    claimed = False  # the directory is this run's (new, or this run's to resume or to take over)
     try:
         config_dict = recorded_config(config_dict)  # what the run records (e.g. its regenerated data): compared
         claim_run_dir(config_dict, Path(run_dir), bool(config_dict["trainer"]["resume"]), announce=False)
+        claimed = True
         if _launcher_rank() == 0:  # under an external torchrun / srun every rank runs this: one writes
             _keep_hydra_files(hydra_dir)
         with copied_to(log):  # the directory is this run's: its log holds what it prints from here on
@@ -91,6 +102,12 @@ def main(cfg: DictConfig) -> float | None:
               "config.json holds the run's)"), file=sys.stderr, flush=True)
         sys.exit(2)
     except BadInput as bad:  # one line; the traceback goes to the run's log (and the terminal with HYDRA_FULL_ERROR=1)
+        if not claimed and (Path(run_dir) / "config.json").exists():
+            # found before the directory was claimed, and it holds another run: its log and Hydra files stay
+            # that run's; the traceback goes to a file of its own
+            if _launcher_rank() == 0:
+                _restore_hydra_files(hydra_dir)
+            log = _refusal_log()
         with log.open("a") as file:
             traceback.print_exception(bad, file=file)
         if full_errors():

@@ -145,7 +145,13 @@ def test_a_killed_rank_ends_the_job_naming_it(rank, role, at, tmp_path, batchlab
     # the job ended after the kill instead of hanging (peer_timeout_s=5; measured 3-15 s on a loaded machine),
     # long before the run would have (60000 tokens)
     assert time.time() - dead["time"] < 90, f"the job hung: it took {time.time() - dead['time']:.0f} s to end after the kill"
-    assert len(read_jsonl(run_dir / "metrics.jsonl")) < 10
+    # The surviving ranks train on until the launcher sees the death (its 0.5 s poll, then their SIGTERM): a few
+    # steps on an idle machine, 13 seen on a loaded one. How many is timing; that the run ended far from its end
+    # (and never as complete) is not.
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert steps and steps[-1]["tokens_seen"] < 30000, steps[-1]["tokens_seen"] if steps else "no step"
+    assert not (run_dir / "summary.json").exists() or json.loads((run_dir / "summary.json").read_text())[
+        "status"] != "complete"
 
 
 def test_disaggregated_rank_counts_must_match_nproc():

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "compare padding efficiency, diversity and balance (no training).",
         epilog="Reported per strategy: metrics of epoch 0, except recurrence (mean over consecutive "
         "epoch pairs), plan_seconds (median over epochs, after a warm-up on a few samples) and "
-        "samples_seen_once (all epochs).",
+        "samples_seen_once (all epochs). Every column of the table is explained in docs/design.md, "
+        "section 6 (\"batchlab-plan's table\").",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(

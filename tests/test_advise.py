@@ -121,6 +121,28 @@ def test_an_interrupted_calibration_resumes_and_never_leaves_a_corrupt_cache(tmp
     assert cal.is_cached(cfg, tmp_path) and not cal.is_cached(cfg, tmp_path, local_ranks=2)
 
 
+
+@pytest.mark.parametrize("timings", ["flat", "wild"])
+def test_a_degenerate_calibration_is_refused_and_never_cached(tmp_path, timings):
+    """Every shape timed alike (a fit with no per-token term: CostModel(a=0, b=0, c=0) crashed batchlab-advise
+    later, and every call after it from the cache), or timings no fit follows: refused naming why, nothing cached,
+    and the next call measures afresh."""
+    cfg = config()
+    cfg["drafter"] = {**cfg["drafter"], "block_size": 8, "num_anchors": 64}
+    draws = iter(np.random.default_rng(0).uniform(0.001, 0.2, size=1000))
+
+    def disturbed(shape):
+        seconds = 0.05 if timings == "flat" else float(next(draws))
+        return [seconds] * 3, [seconds / 2] * 3, 0.01
+
+    with pytest.raises(cal.DegenerateFit, match="nothing was cached") as refused:
+        cal.calibrate(cfg, tmp_path, progress=False, measure=disturbed)
+    assert ("no term grows with the micro-batch" if timings == "flat" else "off by more than a factor") in str(refused.value)
+    assert not cal.is_cached(cfg, tmp_path) and not list((tmp_path / cal.CACHE_SUBDIR).iterdir())
+    calls = []
+    calibration, measured = cal.calibrate(cfg, tmp_path, progress=False, measure=synthetic_measure(calls))
+    assert measured and len(calls) == len(cal.design(1024, 8)) and cal.is_cached(cfg, tmp_path)
+
 def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64, drafter=DRAFTER):
     return cal.Calibration(*TRUE, 0.01, block_size, num_anchors, max_tokens, "k" * 64, {"cpu": "test"}, [],
                            list(TARGET), list(drafter))

@@ -40,6 +40,13 @@ FORMAT_VERSION = 4  # 2: the stages timed and fitted apart; 3: every concurrent 
 CACHE_SUBDIR = "advise"
 #: shapes timed per calibration, and runs of each (after one warm-up run)
 REPEATS = 3
+#: how far (a factor either way) a fit may miss one of its own shapes before it is refused: a shared machine's fits
+#: miss by up to ~20%; a factor of 3 means the timings were disturbed, or the terms do not describe this machine
+MAX_FIT_FACTOR = 3.0
+
+
+class DegenerateFit(ValueError):
+    """A calibration whose fit cannot predict anything: never cached, the measurements discarded."""
 
 
 @dataclass(frozen=True)
@@ -239,12 +246,41 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     rows = [{"layout": s.layout, "lengths": list(s.lengths), "measured_s": float(t), "fitted_s": float(f),
              "error": float(f / t - 1), "target_s": float(u), "drafter_s": float(d)}
             for s, t, f, u, d in zip(shapes, seconds["total"], fitted, seconds["target"], seconds["drafter"])]
+    problem = degenerate(np.array([a, b, c, m]), rows)
+    if problem:
+        partial.unlink(missing_ok=True)  # its timings would give the same fit again
+        raise DegenerateFit(f"the calibration's fit is unusable ({problem}); nothing was cached. The timings were "
+                            "probably disturbed (another job on the machine): run batchlab-advise again when it "
+                            "is quieter, or give a stored calibration")
     stages = [[float(x) for x in fit(terms, np.maximum(seconds[part], 1e-9))] for part in ("target", "drafter")]
     calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
                               max_tokens, key, machine, rows, *stages, max_blocks)
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
     return calibration, True
+
+
+def degenerate(coefficients: np.ndarray, rows: list[dict]) -> str | None:
+    """Why a fit ``(a, b, c, m)`` with its ``rows`` (each shape's measured and fitted seconds) cannot predict
+    anything, or None: a coefficient not finite, no per-token term (every micro-batch would cost the same), a
+    shape that took no time, or a fit far from its own points."""
+    a, b, c, m = (float(x) for x in coefficients)
+    if not all(np.isfinite([a, b, c, m])):
+        return f"a={a}, b={b}, c={c}, m={m}: not finite"
+    if a <= 0 and b <= 0 and c <= 0:
+        return f"CostModel(a={a}, b={b}, c={c}): no term grows with the micro-batch"
+    if any(not row["measured_s"] > 0 for row in rows):
+        return "a shape was timed at 0 s"
+    def factor(row: dict) -> float:
+        ratio = row["fitted_s"] / row["measured_s"]
+        return max(ratio, 1 / ratio) if ratio > 0 else np.inf
+
+    worst = max(rows, key=factor)
+    if factor(worst) > MAX_FIT_FACTOR:
+        return (f"it puts its own {worst['layout']} shape of {len(worst['lengths'])} × {max(worst['lengths'])} "
+                f"tokens at {worst['fitted_s']:.3g} s where it took {worst['measured_s']:.3g} s, off by more than "
+                f"a factor of {MAX_FIT_FACTOR:g}")
+    return None
 
 
 def _cache_entry(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int) -> tuple[dict[str, Any], Path]:

@@ -260,13 +260,21 @@ def test_balance_lowers_rank_imbalance(capsys, sources):
         (["--lengths", "NPY", "--report-dir", "FILE"], r"--report-dir .* is an existing file"),
         (["--lengths", "NPY", "--report-dir", "FILE/sub"], r"--report-dir .*: cannot write the report"),
         (["--lengths", "NPY", "--split", "train"], r"split='train' applies only to a dataset directory"),
+        # the number of turns used to be planned as if it were a length (exit 0, a table of nonsense)
+        (["--lengths", "CHATS.jsonl", "--column", "conversations"],
+         r"column 'conversations' holds conversations \(lists of turns\); batchlab-plan plans token counts"),
+        (["--lengths", "CHATS.jsonl", "--column", "tags"], r"column 'tags' holds lists of string, not token ids"),
     ],
 )
 def test_bad_input_exits_2_with_a_message_not_a_traceback(capsys, sources, tmp_path, extra, message):
     (tmp_path / "empty.npy").write_bytes(b"")
     (tmp_path / "huge.txt").write_text("5\n99999999999999999999\n")
     (tmp_path / "a_file").write_text("not a directory")
+    turns = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps({"conversations": turns, "tags": ["a", "b"]}) + "\n"
+                                                  for _ in range(3)))
     substitute = {
+        "CHATS.jsonl": str(tmp_path / "chats.jsonl"),
         "NPY": sources["npy"],
         "PARQUET": sources["parquet"],
         "MISSING.parquet": str(tmp_path / "missing.parquet"),

@@ -282,6 +282,15 @@ def _arrow_to_lengths(
             "every sample needs a length"
         )
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        items = kind.value_type
+        if not (pa.types.is_integer(items) or pa.types.is_null(items)):
+            # counting a list of turns or strings would plan turns (or words) as if they were tokens
+            what = ("conversations (lists of turns)" if pa.types.is_struct(items)
+                    else f"lists of {items}, not token ids")
+            raise LengthsSourceError(
+                f"{path}: column {name!r} holds {what}; batchlab-plan plans token counts: give a column of token "
+                "id lists (input_ids) or integer lengths. Conversations must be tokenized with the target's chat "
+                "template first (batchlab-train data.source=FILE data.tokenizer=DIR does it and caches the result)")
         lengths = pc.list_value_length(arrow_column)
         return np.ascontiguousarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):

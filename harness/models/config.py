@@ -79,6 +79,8 @@ def load_target_config(source: str | Path | Mapping[str, Any] | Qwen3_5TextConfi
             raw, from_checkpoint = dict(source), False
         else:
             raw, from_checkpoint = _read_mapping(Path(source))
+        if from_checkpoint:
+            _check_model_type(raw, source)
         kwargs = _text_part(raw)
         if not from_checkpoint:
             unknown = sorted(set(kwargs) - _config_field_names())
@@ -91,6 +93,24 @@ def load_target_config(source: str | Path | Mapping[str, Any] | Qwen3_5TextConfi
         config = Qwen3_5TextConfig(**kwargs)
     _check_supported(config)
     return config
+
+
+#: the ``model_type`` of the checkpoints the target is (a Qwen3.5 hybrid, multimodal or its text model)
+SUPPORTED_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+
+
+def _check_model_type(raw: Mapping[str, Any], source: Any) -> None:
+    """A checkpoint of another architecture (a Llama, an encoder) is refused naming what it is, before its keys are
+    read as a Qwen3.5 config (which made a Llama look like a broken Qwen3.5 target)."""
+    found = [raw.get("model_type"), (raw.get("text_config") or {}).get("model_type")]
+    declared = [kind for kind in found if kind is not None]
+    unsupported = [kind for kind in declared if kind not in SUPPORTED_MODEL_TYPES]
+    if unsupported:
+        architectures = raw.get("architectures") or []
+        raise ValueError(
+            f"{source} is a {unsupported[0]!r} checkpoint{f' ({architectures[0]})' if architectures else ''}; the "
+            f"target is a Qwen3.5-style hybrid (Gated DeltaNet + full attention): give a checkpoint of model_type "
+            f"{' or '.join(map(repr, SUPPORTED_MODEL_TYPES))}, or a YAML file from conf/target/")
 
 
 def _check_supported(config: Qwen3_5TextConfig) -> None:

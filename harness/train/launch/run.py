@@ -293,6 +293,10 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     try:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
+        if config.target.pretrained not in (None, EMBEDDED_TARGET):
+            from harness.models.config import load_target_config
+
+            load_target_config(config.target.pretrained)  # its config.json only: a checkpoint the target can be
         return with_target_tokenizer(config, config_dict)
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -527,7 +528,7 @@ class Replayed(Recorded):
         return out
 
 
-def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cache):
+def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cache, capsys):
     """Held-out loss, accuracy per position, τ, each tercile's, and real acceptance: 1 rank against 2 ranks (each
     evaluating its own share, the sums all-reduced); also catches ranks evaluating the same share."""
     from harness.train.batch import BatchCollator
@@ -549,9 +550,21 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
                                 max_blocks=None, anchor_seed=config.data.heldout_seed)
         return Evaluator(data=data, collate=collate, model=model, comm=comm, status=status,
                          eval_config=config.eval, gdn_backend=config.trainer.gdn_backend,
-                         device=torch.device("cpu"))(0)
+                         device=torch.device("cpu"), progress=progress)(0)
 
+    progress = False
     alone = evaluate(Recorded(RankEnv()))
+    # with progress: a bar of its own over this rank's held-out micro-batches (the training bar stood still for
+    # 11-14 s at every eval), the same numbers
+    progress = True
+    capsys.readouterr()
+    shown = evaluate(Recorded(RankEnv()))
+    bar = capsys.readouterr().err
+    assert "eval: held-out loss" in bar and "eval: speculative decoding" in bar, bar[-500:]
+    micro_batches = max(int(done) for done, _ in re.findall(r"(\d+)/(\d+) \[", bar))
+    assert micro_batches == int(re.findall(r"\d+/(\d+) \[", bar)[-1]) > 0  # it reached its total
+    assert shown == alone
+    progress = False
     rank1 = Recorded(RankEnv(1, 2))
     evaluate(rank1)
     together = evaluate(Replayed(RankEnv(0, 2), [rank1]))

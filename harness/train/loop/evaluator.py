@@ -21,7 +21,7 @@ from harness.train.loop.step_stats import reduce_sum
 
 class Evaluator:
     def __init__(self, *, data: Any, collate: BatchCollator, model: Any, comm: Any, status: Any,
-                 eval_config: Any, gdn_backend: str, device: torch.device) -> None:
+                 eval_config: Any, gdn_backend: str, device: torch.device, progress: bool = False) -> None:
         self.data = data
         self.collate = collate
         self.model = model
@@ -30,6 +30,7 @@ class Evaluator:
         self.settings = eval_config  # the run's eval section (harness.train.config.EvalConfig)
         self.gdn_backend = gdn_backend
         self.device = device
+        self.progress = progress  # a bar of its own while it runs (the training bar stands still meanwhile)
         self._real_prompts: list | None = None
 
     @torch.no_grad()
@@ -39,7 +40,10 @@ class Evaluator:
         if not groups:
             return {}
         self.status.stage("eval", global_step)
-        sums = [self._group_sums(group) for group in groups]
+        shares = [RankMicroBatches(group.plan, self.comm.env.rank, 0, group.rows, self.collate, anchor_epoch=0)
+                  for group in groups]
+        bar = self._bar(sum(len(share) for share in shares))
+        sums = [self._group_sums(share, bar) for share in shares]
         total = sums[0]
         for more in sums[1:]:
             total = total + more
@@ -49,22 +53,35 @@ class Evaluator:
             "eval_tau_by_length": [self._metrics(s)["eval_tau"] for s in sums],
             "eval_length_groups": [group.name for group in groups],
         })
+        if bar is not None:
+            bar.set_description("eval: speculative decoding")
         record.update(self.real_acceptance())
+        if bar is not None:
+            bar.close()
         return record
 
-    def _group_sums(self, group: Any) -> DrafterLoss:
+    def _bar(self, micro_batches: int) -> Any:
+        """This rank's bar over its held-out micro-batches (None without progress, or on another rank than 0)."""
+        if not (self.progress and self.comm.env.is_main):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=micro_batches, desc="eval: held-out loss", unit="mb", leave=False, dynamic_ncols=True)
+
+    def _group_sums(self, dataset: RankMicroBatches, bar: Any = None) -> DrafterLoss:
         """One tercile's loss sums over every rank's share of its plan (fp64, on the host)."""
         drafter, target = self.model.drafter, self.model.target
         total = None
-        dataset = RankMicroBatches(group.plan, self.comm.env.rank, 0, group.rows, self.collate, anchor_epoch=0)
         for item in range(len(dataset)):
             batch = dataset[item].to(self.device)
-            if batch.empty:
-                continue
-            features = target(batch.tokens, gdn_backend=self.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
-            with self.model.autocast():
-                sums = drafter.prepared_loss(batch.drafter, drafter.forward_prepared(batch.drafter, features)).detach()
-            total = sums if total is None else total + sums
+            if not batch.empty:
+                features = target(batch.tokens, gdn_backend=self.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
+                with self.model.autocast():
+                    sums = drafter.prepared_loss(batch.drafter,
+                                                 drafter.forward_prepared(batch.drafter, features)).detach()
+                total = sums if total is None else total + sums
+            if bar is not None:
+                bar.update(1)
         # a rank whose share of the tercile is empty adds zeros
         return reduce_sum(total if total is not None else DrafterLoss.zeros(drafter.block_size - 1), self.comm)
 

@@ -332,3 +332,26 @@ def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_tur
         assert new_kept == old_kept  # system and user turns, role headers, word for word
         replies = [i for i, m in zip(new_ids.tolist(), new_mask.tolist()) if m]
         assert 0 < len(replies) <= 6 * (2 if row == 0 else 1)
+
+
+def test_a_random_weight_target_takes_the_vocabulary_of_the_datas_tokenizer(chat_tokenizer, tmp_path):
+    """data.vocab_size (and the target.vocab_size that follows it) is raised to the tokenizer's size where below it;
+    a larger value given (a padded vocabulary) is kept. The user no longer has to find the number."""
+    from transformers import AutoTokenizer
+
+    from harness.train.config import compose_run_config
+    from harness.train.launch.run import prepared_config
+
+    larger = tmp_path / "larger"
+    tokenizer = AutoTokenizer.from_pretrained(str(chat_tokenizer), local_files_only=True)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(1500)])
+    tokenizer.save_pretrained(larger)
+    size = len(tokenizer)
+    assert size > 1024
+    path = write([{"messages": CONVERSATION}], tmp_path / "data.jsonl")
+    base = ["logger=none", f"data.source={path}", f"data.tokenizer={larger}"]
+    config = prepared_config(compose_run_config(base))
+    assert config["data"]["vocab_size"] == config["target"]["vocab_size"] == size
+    padded = prepared_config(compose_run_config([*base, f"data.vocab_size={size + 64}"]))
+    assert padded["data"]["vocab_size"] == padded["target"]["vocab_size"] == size + 64
+    assert prepared_config(config) == config  # idempotent

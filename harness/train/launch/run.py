@@ -106,6 +106,25 @@ def with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str,
     return {**config_dict, "data": {**config_dict["data"], "tokenizer": tokenizer}}
 
 
+def with_tokenizer_vocabulary(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
+    """A random-weight target takes the vocabulary of the data's tokenizer (``data.tokenizer``): ``data.vocab_size``
+    and the ``target.vocab_size`` that follows it are raised to the tokenizer's size when below it (a larger value
+    given, e.g. a padded vocabulary, is kept); any other config as it is."""
+    tokenizer_dir = config_dict["data"].get("tokenizer")
+    if tokenizer_dir is None or config.target.pretrained is not None:
+        return config_dict
+    from harness.data.chat_tokenize import load_chat_tokenizer
+
+    size = load_chat_tokenizer(tokenizer_dir).vocab_size
+    configured = int(config_dict["data"]["vocab_size"])
+    if size <= configured:
+        return config_dict
+    target = dict(config_dict["target"])
+    if target.get("vocab_size") in (None, configured):  # the target follows data.vocab_size (conf/train.yaml)
+        target["vocab_size"] = size
+    return {**config_dict, "data": {**config_dict["data"], "vocab_size": size}, "target": target}
+
+
 def run_rank(config_dict: dict[str, Any], run_dir: str) -> dict[str, Any]:
     """One rank of a run (the function torch elastic starts, or the job itself on one rank); what it prints
     is also appended to the run's log."""
@@ -288,8 +307,9 @@ def claim_run_dir(config_dict: dict[str, Any], run_dir: Path, resume: bool = Tru
 
 
 def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
-    """The config checked (every group, the placement's name) and completed (the target checkpoint's tokenizer for
-    conversations); builds nothing. Idempotent; bad input raises :class:`BadInput`."""
+    """The config checked (every group, the placement's name, a checkpoint's architecture) and completed (the target
+    checkpoint's tokenizer for conversations, the vocabulary of the data's tokenizer); builds nothing. Idempotent;
+    bad input raises :class:`BadInput`."""
     try:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
@@ -297,7 +317,7 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
             from harness.models.config import load_target_config
 
             load_target_config(config.target.pretrained)  # its config.json only: a checkpoint the target can be
-        return with_target_tokenizer(config, config_dict)
+        return with_tokenizer_vocabulary(config, with_target_tokenizer(config, config_dict))
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error
 

@@ -10,6 +10,11 @@ the report, never mixed in.
 ``batchlab-report --from-runs-csv RUNS_CSV [--markdown-summary PATH]`` re-renders the summary from a
 report's ``runs.csv`` alone (to PATH, or standard output).
 
+``--preregistration YAML`` (e.g. ``conf/preregistration/strategies.yaml``) adds the planned contrasts declared
+there (:mod:`analysis.planned`): a verdict per contrast, Holm over them only, the power the design had; written
+to ``planned.md`` and ``planned.csv``, opening ``report.md``, and printed (with ``--from-runs-csv``: printed
+after the summary).
+
 Exit status 2 with one line naming the directory or run and the fix for: no runs, incompatible sweeps
 mixed, missing metrics, an unreadable runs.csv, a W&B workspace that cannot be built or saved.
 """
@@ -45,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--wandb-workspace", metavar="ENTITY/PROJECT",
                    help="also save a W&B workspace (wandb-workspaces) whose panels mirror the figures")
     p.add_argument("--wandb-group", metavar="GROUP", help="W&B group of the workspace (default: the runs' group)")
+    p.add_argument("--preregistration", metavar="YAML",
+                   help="the planned contrasts declared before the runs (e.g. conf/preregistration/strategies.yaml):"
+                        " a verdict for each, Holm over them only")
     add_verbose(p)
     return p
 
@@ -54,7 +62,7 @@ def fail(message: str) -> int:
     return 2
 
 
-def summary_from_runs_csv(runs_csv: str, out: str | None) -> int:
+def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source: str = "") -> int:
     from analysis.summary import read_runs_csv, summary_markdown
 
     try:
@@ -63,6 +71,13 @@ def summary_from_runs_csv(runs_csv: str, out: str | None) -> int:
     except (OSError, ValueError, KeyError) as error:
         return fail(f"cannot render a summary from {runs_csv} ({type(error).__name__}: {error}); give the runs.csv "
                     "that batchlab-report wrote")
+    if plan is not None:
+        from analysis.planned import planned_markdown, planned_results
+
+        try:
+            text += "\n" + planned_markdown(planned_results(runs, plan), plan, plan_source)
+        except ValueError as error:
+            return fail(f"{plan_source}: {error}")
     if out is None:
         sys.stdout.write(text)
     else:
@@ -74,10 +89,18 @@ def summary_from_runs_csv(runs_csv: str, out: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    plan = None
+    if args.preregistration:
+        from analysis.planned import load_preregistration
+
+        try:
+            plan = load_preregistration(args.preregistration)
+        except (OSError, ValueError) as error:
+            return fail(f"--preregistration: {error}")
     if args.from_runs_csv:
         if args.sweep_dirs:
             return fail("give either SWEEP_DIR(s) or --from-runs-csv, not both")
-        return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary)
+        return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary, plan, args.preregistration or "")
     if not args.sweep_dirs:
         return fail("no SWEEP_DIR given (or --from-runs-csv RUNS_CSV to re-render a summary)")
     workspace_path = None
@@ -98,13 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     from analysis.report import build_report
 
     out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
-    report = build_report(sweep, out, target_loss=args.target_loss, title=args.title)
+    try:
+        report = build_report(sweep, out, target_loss=args.target_loss, title=args.title, plan=plan,
+                              plan_source=args.preregistration or "")
+    except ValueError as error:
+        if plan is None:
+            raise
+        return fail(f"{args.preregistration}: {error}")
     if len(sweep.excluded):
         print(f"batchlab-report: {len(sweep.excluded)} run(s) left out (listed in the report): "
               + "; ".join(f"{r.run}: {r.reason}" for r in sweep.excluded.itertuples()))
     print(f"batchlab-report: {len(sweep.runs)} runs, {len(sweep.strategies)} strategies, {len(sweep.seeds)} seeds")
     for sentence in report.sentences[:3]:
         print(f"  {sentence}")
+    if report.planned:
+        print(f"batchlab-report: planned contrasts ({args.preregistration}):")
+        for result in report.planned:
+            print(f"  {result.sentence(plan.endpoint).replace('**', '')}")
     if args.markdown_summary:
         Path(args.markdown_summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown_summary).write_text(report.summary.read_text())

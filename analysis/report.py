@@ -53,6 +53,7 @@ class Report:
     markdown: Path | None = None
     html: Path | None = None
     summary: Path | None = None
+    planned: list = field(default_factory=list)  # analysis.planned.PlannedResult, one per planned contrast
 
 
 def sweep_facts(sweep: Sweep, per_run: pd.DataFrame) -> list[tuple[str, str]]:
@@ -91,10 +92,21 @@ def _missing(value: Any) -> bool:
 
 
 def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = None,
-                 title: str = "batchlab: batching strategies compared") -> Report:
+                 title: str = "batchlab: batching strategies compared", plan: Any = None,
+                 plan_source: str = "") -> Report:
+    """The report of ``sweep`` in ``out_dir``; with ``plan`` (an :class:`analysis.planned.Preregistration`), its
+    planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     per_run = run_metrics(sweep, target_loss)
+    planned = []
+    if plan is not None:
+        from analysis.planned import planned_frame, planned_markdown, planned_results
+
+        planned = planned_results(per_run, plan)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if planned:
+        planned_frame(planned).to_csv(out_dir / "planned.csv", index=False)
+        (out_dir / "planned.md").write_text(planned_markdown(planned, plan, plan_source))
     table = strategy_table(per_run)
     timing = timing_check(per_run)
     table["tokens_per_second_cv"] = table["strategy"].map(timing.cv)
@@ -113,6 +125,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     comparisons_frame(comparisons).to_csv(out_dir / "comparisons.csv", index=False)
     sweep.excluded.to_csv(out_dir / "excluded.csv", index=False)
     report = Report(out_dir, per_run, table, comparisons, timing, sentences + stats_sentences, paths)
+    report.planned = planned
     report.summary = write_summary(read_runs_csv(out_dir / "runs.csv"), out_dir / "summary.md")
     facts = sweep_facts(sweep, per_run)
     formatted = format_table(table, timing)
@@ -120,8 +133,12 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     ablation = ablation_section(per_run, out_dir, figure_dir)
     report.markdown = out_dir / "report.md"
     captions = figs.figure_captions(int(per_run.groupby("strategy").size().min()) if len(per_run) else 0)
-    report.markdown.write_text(render_markdown(title, facts, sentences, stats_sentences, formatted, notes,
-                                               comparisons, sweep.excluded, paths, captions, ablation))
+    markdown = render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
+                               sweep.excluded, paths, captions, ablation)
+    if planned:  # the planned contrasts open the report, under its title
+        heading, _, rest = markdown.partition("\n")
+        markdown = f"{heading}\n\n{(out_dir / 'planned.md').read_text()}{rest}"
+    report.markdown.write_text(markdown)
     report.html = out_dir / "report.html"
     report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
                                        sweep.excluded, paths, captions, style, ablation))

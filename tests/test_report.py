@@ -320,3 +320,28 @@ def test_axes_read_at_a_glance():
     assert not few.axes[0].lines[1:] and "too few steps" in " ".join(t.get_text() for t in few.axes[0].texts)
     assert len(many.axes[0].containers) == 2 and not many.axes[0].texts  # one error bar series a strategy
     plt.close("all")
+
+
+def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, capsys):
+    """--preregistration on a sweep: planned.md and planned.csv written, report.md opens with them, the console
+    prints a verdict per contrast; a contrast naming a strategy the sweep lacks is one line, exit 2, nothing written."""
+    import yaml
+
+    declared = yaml.safe_load((support.REPO / "conf" / "preregistration" / "strategies.yaml").read_text())
+    strategies = list(support.STRATEGIES)
+    declared["contrasts"] = [{"a": strategies[0], "b": strategies[1], "kind": "superiority"},
+                             {"a": strategies[0], "b": strategies[-1], "kind": "equivalence", "margin": 0.5}]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
+    out = tmp_path / "report"
+    assert main([str(sweep_dir), "--out", str(out), "--preregistration", str(plan)]) == 0
+    printed = capsys.readouterr().out
+    frame = pd.read_csv(out / "planned.csv")
+    assert list(frame["contrast"]) == [f"{strategies[0]} vs {strategies[1]}", f"{strategies[0]} vs {strategies[-1]}"]
+    assert all(v in printed for v in frame["verdict"])
+    report_text = (out / "report.md").read_text()
+    assert report_text.index("## Planned contrasts") < report_text.index("## Statistical comparison")
+    declared["contrasts"].append({"a": "fastest", "b": strategies[0], "kind": "superiority"})
+    plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
+    assert main([str(sweep_dir), "--out", str(tmp_path / "refused"), "--preregistration", str(plan)]) == 2
+    assert "no run of ['fastest']" in capsys.readouterr().err and not (tmp_path / "refused").exists()

@@ -1,0 +1,268 @@
+"""The pre-registered analysis of a sweep: the planned contrasts of one endpoint, declared before the runs.
+
+A preregistration (YAML, ``conf/preregistration/*.yaml``, committed before the confirmatory runs) names the
+primary endpoint (a column of ``runs.csv``, and which direction is better), α, the seeds of the pilot it was
+sized on and of the confirmatory runs, and the planned contrasts A vs B:
+
+- **superiority**: a two-sided paired t-test of A − B over the seeds both have (``scipy.stats.ttest_rel``);
+- **equivalence**: TOST on the paired differences with the margin δ in the endpoint's units
+  (``statsmodels``' ``ttost_paired``), the margin's rationale written beside it.
+
+Holm runs over the planned family only (``statsmodels``' ``multipletests``); everything else a report shows is
+exploratory. Each contrast gets a verdict:
+
+- superiority: Holm-adjusted p < α → *better* or *worse* (A against B, in the endpoint's better direction);
+  otherwise *inconclusive — needs n seeds*;
+- equivalence: Holm-adjusted TOST p < α → *equivalent within δ*; the (1 − 2α) interval of the mean difference
+  wholly outside [−δ, δ] → *not equivalent*; otherwise *inconclusive — needs n seeds*.
+
+Power is what the design had at the observed effect and spread, at Holm's strictest step (α / m): the paired
+t-test's (``statsmodels``' ``TTestPower``) for superiority; for equivalence, the two one-sided noncentral t
+tests' joint power, bounded below by ``P(low) + P(high) − 1`` (``scipy.stats.nct``). *Needs n* is the smallest
+number of paired seeds whose power reaches :data:`TARGET_POWER` at the same effect and spread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+KINDS = ("superiority", "equivalence")
+TARGET_POWER = 0.8
+MAX_SEEDS = 1000  # where the search for "needs n" stops (an effect that small is no difference to plan for)
+KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "confirmatory_seeds", "contrasts", "margin_rationale"}
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A planned contrast A vs B: its kind and, for equivalence, the margin δ (the endpoint's units)."""
+
+    a: str
+    b: str
+    kind: str
+    margin: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.a} vs {self.b}"
+
+
+@dataclass(frozen=True)
+class Preregistration:
+    """What was declared before the confirmatory runs (module docstring)."""
+
+    endpoint: str
+    better: str  # "lower" or "higher"
+    alpha: float
+    contrasts: tuple[Contrast, ...]
+    pilot_seeds: tuple[int, ...] = ()
+    confirmatory_seeds: tuple[int, ...] = ()
+    margin_rationale: str = ""
+
+
+def load_preregistration(path: str | Path) -> Preregistration:
+    """The preregistration in ``path``; a ValueError names the key and the fix for anything it cannot use."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"preregistration {path} does not exist")
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: give a mapping with the keys {sorted(KEYS)}")
+    unknown = sorted(set(raw) - KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(KEYS)}")
+    if raw.get("better") not in ("lower", "higher"):
+        raise ValueError(f"{path}: better={raw.get('better')!r}: give 'lower' or 'higher' (which way the endpoint "
+                         "improves)")
+    alpha = raw.get("alpha", 0.05)
+    if not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        raise ValueError(f"{path}: alpha={alpha!r}: give a level in (0, 0.5), e.g. 0.05")
+    contrasts = []
+    for index, item in enumerate(raw.get("contrasts") or []):
+        if not isinstance(item, dict) or {"a", "b", "kind"} - set(item) or set(item) - {"a", "b", "kind", "margin"}:
+            raise ValueError(f"{path}: contrasts[{index}]={item!r}: give {{a: STRATEGY, b: STRATEGY, kind: "
+                             "superiority}} or {a, b, kind: equivalence, margin: DELTA}")
+        if item["kind"] not in KINDS:
+            raise ValueError(f"{path}: contrasts[{index}].kind={item['kind']!r}: choose one of {list(KINDS)}")
+        margin = item.get("margin")
+        if item["kind"] == "equivalence" and not (isinstance(margin, (int, float)) and margin > 0):
+            raise ValueError(f"{path}: contrasts[{index}] ({item['a']} vs {item['b']}) is an equivalence test: give "
+                             "its margin (> 0, the endpoint's units) and say why in margin_rationale")
+        if item["kind"] == "superiority" and margin is not None:
+            raise ValueError(f"{path}: contrasts[{index}] ({item['a']} vs {item['b']}) is a superiority test: it "
+                             "has no margin")
+        contrasts.append(Contrast(str(item["a"]), str(item["b"]), item["kind"],
+                                  None if margin is None else float(margin)))
+    if not contrasts:
+        raise ValueError(f"{path}: no planned contrast; give at least one under contrasts")
+    if any(c.kind == "equivalence" for c in contrasts) and not str(raw.get("margin_rationale") or "").strip():
+        raise ValueError(f"{path}: an equivalence margin needs its rationale (margin_rationale), committed with it")
+    pilot, confirmatory = (tuple(int(s) for s in raw.get(key) or ()) for key in ("pilot_seeds", "confirmatory_seeds"))
+    if set(pilot) & set(confirmatory):
+        raise ValueError(f"{path}: seeds {sorted(set(pilot) & set(confirmatory))} are both pilot and confirmatory; "
+                         "a pilot's seeds are never reused")
+    return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
+                           str(raw.get("margin_rationale") or ""))
+
+
+@dataclass(frozen=True)
+class PlannedResult:
+    """A planned contrast's outcome: A − B paired over ``seeds``, its test, verdict and the design's power."""
+
+    contrast: Contrast
+    seeds: tuple[int, ...]
+    mean_difference: float
+    sd_difference: float
+    interval: tuple[float, float]  # 95 % (superiority) or 1 − 2α (equivalence) t interval of the mean difference
+    interval_level: float
+    p_value: float  # the t-test's, or TOST's (the larger of its two one-sided p-values)
+    p_holm: float
+    verdict: str
+    power: float
+    needs_seeds: int | None  # the paired seeds for TARGET_POWER at this effect and spread (None: beyond MAX_SEEDS)
+
+    def sentence(self, endpoint_words: str, unit: str = "") -> str:
+        low, high = self.interval
+        c = self.contrast
+        margin = f", δ = {c.margin:g}{unit}" if c.margin is not None else ""
+        return (f"{c.name} ({c.kind}{margin}): {endpoint_words} {self.mean_difference:+.3f}{unit} "
+                f"({self.interval_level:.0%} interval {low:+.3f} to {high:+.3f}), Holm p = {_p(self.p_holm)}: "
+                f"**{self.verdict}**; power {self.power:.2f} at {len(self.seeds)} seeds.")
+
+
+def _p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def paired_differences(per_run: pd.DataFrame, endpoint: str, a: str, b: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """The seeds both strategies have, and A − B of ``endpoint`` at each."""
+    table = per_run.pivot_table(index="seed", columns="strategy", values=endpoint, aggfunc="first")
+    missing = [s for s in (a, b) if s not in table.columns]
+    if missing:
+        raise ValueError(f"planned contrast {a} vs {b}: no run of {missing} in this sweep")
+    both = table[[a, b]].dropna()
+    return tuple(int(s) for s in both.index), (both[a] - both[b]).to_numpy(dtype=np.float64)
+
+
+def superiority_power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """The two-sided paired t-test's power at mean difference ``effect`` and spread ``sd`` over ``n`` pairs."""
+    from statsmodels.stats.power import TTestPower
+
+    if n < 2 or not sd > 0:
+        return math.nan
+    return float(TTestPower().power(effect_size=abs(effect) / sd, nobs=n, alpha=alpha, alternative="two-sided"))
+
+
+def equivalence_power(effect: float, sd: float, n: int, alpha: float, margin: float) -> float:
+    """TOST's power (its two one-sided tests at ``alpha`` each) at true mean difference ``effect`` and spread
+    ``sd`` over ``n`` pairs: ``P(low rejects) + P(high rejects) − 1``, a lower bound (the two share one s.d.)."""
+    from scipy import stats
+
+    if n < 2 or not sd > 0:
+        return math.nan
+    df, scale = n - 1, sd / math.sqrt(n)
+    critical = stats.t.ppf(1 - alpha, df)
+    low = stats.nct.sf(critical, df, (effect + margin) / scale)  # (d̄ + δ)/se > t_crit
+    high = stats.nct.cdf(-critical, df, (effect - margin) / scale)  # (d̄ − δ)/se < −t_crit
+    return float(max(0.0, low + high - 1.0))
+
+
+def seeds_needed(power_at: Any, start: int) -> int | None:
+    """The smallest n ≥ 2 (searched from ``start``) with ``power_at(n) ≥ TARGET_POWER``; None past MAX_SEEDS."""
+    for n in range(max(start, 2), MAX_SEEDS + 1):
+        if power_at(n) >= TARGET_POWER:
+            return n
+    return None
+
+
+def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[PlannedResult]:
+    """Every planned contrast of ``plan`` on ``per_run`` (one row per run: strategy, seed, the endpoint), Holm over
+    the planned family only."""
+    from scipy import stats
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.weightstats import ttost_paired
+
+    if plan.endpoint not in per_run.columns:
+        raise ValueError(f"the preregistered endpoint {plan.endpoint!r} is not a column of the runs "
+                         f"({sorted(per_run.columns)[:12]} ...)")
+    rows = []
+    for contrast in plan.contrasts:
+        seeds, diffs = paired_differences(per_run, plan.endpoint, contrast.a, contrast.b)
+        if len(diffs) < 2:
+            raise ValueError(f"planned contrast {contrast.name}: {len(diffs)} paired seed(s); a paired test needs 2 "
+                             "or more")
+        n, mean, sd = len(diffs), float(diffs.mean()), float(diffs.std(ddof=1))
+        if contrast.kind == "superiority":
+            p = float(stats.ttest_rel(per_run_values(per_run, plan.endpoint, contrast.a, seeds),
+                                      per_run_values(per_run, plan.endpoint, contrast.b, seeds)).pvalue)
+            level = 0.95
+        else:
+            p = float(ttost_paired(per_run_values(per_run, plan.endpoint, contrast.a, seeds),
+                                   per_run_values(per_run, plan.endpoint, contrast.b, seeds),
+                                   -contrast.margin, contrast.margin)[0])
+            level = 1 - 2 * plan.alpha
+        half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+        rows.append((contrast, seeds, mean, sd, (mean - half, mean + half), level, p))
+    adjusted = multipletests([row[-1] for row in rows], alpha=plan.alpha, method="holm")[1]
+    strictest = plan.alpha / len(rows)
+    results = []
+    for (contrast, seeds, mean, sd, interval, level, p), p_holm in zip(rows, adjusted):
+        n = len(seeds)
+        if contrast.kind == "superiority":
+            def power_at(k: int, mean: float = mean, sd: float = sd) -> float:
+                return superiority_power(mean, sd, k, strictest)
+            if p_holm < plan.alpha:
+                a_better = (mean < 0) == (plan.better == "lower")
+                verdict = "better" if a_better else "worse"
+            else:
+                verdict = None
+        else:
+            def power_at(k: int, mean: float = mean, sd: float = sd, margin: float = contrast.margin) -> float:
+                return equivalence_power(mean, sd, k, strictest, margin)
+            if p_holm < plan.alpha:
+                verdict = "equivalent within δ"
+            elif interval[0] > contrast.margin or interval[1] < -contrast.margin:
+                verdict = "not equivalent"
+            else:
+                verdict = None
+        needed = seeds_needed(power_at, n)
+        if verdict is None:
+            verdict = (f"inconclusive — needs {needed} seeds" if needed is not None
+                       else f"inconclusive — needs more than {MAX_SEEDS} seeds")
+        results.append(PlannedResult(contrast, seeds, mean, sd, interval, level, p, float(p_holm), verdict,
+                                     power_at(n), needed))
+    return results
+
+
+def per_run_values(per_run: pd.DataFrame, endpoint: str, strategy: str, seeds: tuple[int, ...]) -> np.ndarray:
+    """``strategy``'s ``endpoint`` at ``seeds``, in that order."""
+    runs = per_run[per_run["strategy"] == strategy].drop_duplicates("seed").set_index("seed")[endpoint]
+    return runs.loc[list(seeds)].to_numpy(dtype=np.float64)
+
+
+def planned_frame(results: list[PlannedResult]) -> pd.DataFrame:
+    """One row per planned contrast (``planned.csv``)."""
+    return pd.DataFrame([{
+        "contrast": r.contrast.name, "kind": r.contrast.kind, "margin": r.contrast.margin, "seeds": len(r.seeds),
+        "mean_difference": r.mean_difference, "sd_difference": r.sd_difference, "interval_low": r.interval[0],
+        "interval_high": r.interval[1], "interval_level": r.interval_level, "p_value": r.p_value,
+        "p_holm": r.p_holm, "verdict": r.verdict, "power": r.power, "needs_seeds": r.needs_seeds,
+    } for r in results])
+
+
+def planned_markdown(results: list[PlannedResult], plan: Preregistration, source: str) -> str:
+    """The planned contrasts' section: one sentence per contrast, then what was declared."""
+    lines = [f"## Planned contrasts (pre-registered: `{source}`)", "",
+             f"Primary endpoint `{plan.endpoint}` ({plan.better} is better), α = {plan.alpha:g}, Holm over the "
+             f"{len(results)} planned contrasts only; everything else in this report is exploratory.", ""]
+    lines += [f"- {r.sentence(plan.endpoint)}" for r in results]
+    if plan.margin_rationale:
+        lines += ["", f"Margin: {' '.join(plan.margin_rationale.split())}"]
+    return "\n".join(lines) + "\n"

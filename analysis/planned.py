@@ -73,8 +73,8 @@ def load_preregistration(path: str | Path) -> Preregistration:
     if not path.is_file():
         raise FileNotFoundError(f"preregistration {path} does not exist")
     raw = yaml.safe_load(path.read_text())
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: give a mapping with the keys {sorted(KEYS)}")
+    if not isinstance(raw, dict):  # bad input is a ValueError at every command (harness.command_errors)
+        raise ValueError(f"{path}: give a mapping with the keys {sorted(KEYS)}")  # noqa: TRY004
     unknown = sorted(set(raw) - KEYS)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(KEYS)}")
@@ -260,8 +260,8 @@ def planned_frame(results: list[PlannedResult]) -> pd.DataFrame:
 def planned_markdown(results: list[PlannedResult], plan: Preregistration, source: str) -> str:
     """The planned contrasts' section: one sentence per contrast, then what was declared."""
     lines = [f"## Planned contrasts (pre-registered: `{source}`)", "",
-             f"Primary endpoint `{plan.endpoint}` ({plan.better} is better), α = {plan.alpha:g}, Holm over the "
-             f"{len(results)} planned contrasts only; everything else in this report is exploratory.", ""]
+             (f"Primary endpoint `{plan.endpoint}` ({plan.better} is better), α = {plan.alpha:g}, Holm over the "
+              f"{len(results)} planned contrasts only; everything else in this report is exploratory."), ""]
     lines += [f"- {r.sentence(plan.endpoint)}" for r in results]
     if plan.margin_rationale:
         lines += ["", f"Margin: {' '.join(plan.margin_rationale.split())}"]

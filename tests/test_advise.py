@@ -140,7 +140,7 @@ def test_a_degenerate_calibration_is_refused_and_never_cached(tmp_path, timings)
     assert ("no term grows with the micro-batch" if timings == "flat" else "off by more than a factor") in str(refused.value)
     assert not cal.is_cached(cfg, tmp_path) and not list((tmp_path / cal.CACHE_SUBDIR).iterdir())
     calls = []
-    calibration, measured = cal.calibrate(cfg, tmp_path, progress=False, measure=synthetic_measure(calls))
+    _, measured = cal.calibrate(cfg, tmp_path, progress=False, measure=synthetic_measure(calls))
     assert measured and len(calls) == len(cal.design(1024, 8)) and cal.is_cached(cfg, tmp_path)
 
 def stored_calibration(max_tokens=1024, block_size=8, num_anchors=64, drafter=DRAFTER):

@@ -168,8 +168,8 @@ def test_a_checkpoint_of_another_architecture_is_refused_in_one_line(capsys, tmp
     late, in a traceback): now one line, exit 2, naming what the checkpoint is and what the target takes."""
     import transformers
 
-    from harness.train.launch.run import BadInput, prepared_config
     from harness.train.config import compose_run_config
+    from harness.train.launch.run import BadInput, prepared_config
 
     small = getattr(transformers, config)(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                           intermediate_size=64, vocab_size=300)

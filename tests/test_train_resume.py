@@ -186,5 +186,5 @@ def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, 
     assert run_dir not in elsewhere.parents and "Traceback" in elsewhere.read_text()
     elsewhere.unlink()
     assert (run_dir / "train.log").read_bytes() == log_before
-    assert {name: (run_dir / ("" if name.endswith(".json") or name.endswith(".jsonl") else ".hydra") / name).read_text()
+    assert {name: (run_dir / ("" if name.endswith((".json", ".jsonl")) else ".hydra") / name).read_text()
             for name in kept} == kept

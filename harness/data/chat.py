@@ -87,8 +87,8 @@ class BadRows:
 
     def report(self, path: Path, rows: int, when: str) -> str:
         """The refusal: every kind, its count and its first examples, and the two ways on."""
-        lines = [f"{path}: {self.total} of {rows} conversations are bad ({self.words()}); {when}. Fix them, or set "
-                 "data.bad_rows=drop to leave them out (counted):"]
+        lines = [(f"{path}: {self.total} of {rows} conversations are bad ({self.words()}); {when}. Fix them, or set "
+                  "data.bad_rows=drop to leave them out (counted):")]
         for kind, count in sorted(self.counts.items(), key=lambda kv: -kv[1]):
             more = f" (and {count - len(self.examples[kind])} more)" if count > len(self.examples[kind]) else ""
             lines.append(f"  {kind}, {count}{more}:")

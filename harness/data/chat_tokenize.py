@@ -25,7 +25,12 @@ from typing import Any
 import numpy as np
 
 from harness.data import cache
-from harness.data.chat import TEMPLATE_REFUSED, BadRow, ConversationError, read_conversations
+from harness.data.chat import (
+    TEMPLATE_REFUSED,
+    BadRow,
+    ConversationError,
+    read_conversations,
+)
 
 FORMAT_VERSION = 2  # 2: bad rows reported together, or dropped (data.bad_rows)
 PREFIX = "chat"

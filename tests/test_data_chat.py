@@ -355,3 +355,27 @@ def test_a_random_weight_target_takes_the_vocabulary_of_the_datas_tokenizer(chat
     padded = prepared_config(compose_run_config([*base, f"data.vocab_size={size + 64}"]))
     assert padded["data"]["vocab_size"] == padded["target"]["vocab_size"] == size + 64
     assert prepared_config(config) == config  # idempotent
+
+
+def test_batchlab_plan_plans_whole_conversations_under_the_chat_template(chat_tokenizer, tmp_path, capsys):
+    """--lengths FILE --tokenizer DIR: every conversation's tokens under the template, the very counts a training
+    run trains on (the same cache); bad rows reported in one message, or dropped and counted (--bad-rows drop)."""
+    from harness.cli.plan import main as plan_main
+    from harness.data.chat_tokenize import conversation_lengths
+
+    conversations = [CONVERSATION, CONVERSATION[1:3], [CONVERSATION[1], {"role": "assistant", "content": "min()"}]] * 4
+    path = write([{"conversations": sharegpt(c)} for c in conversations], tmp_path / "chats.jsonl")
+    lengths, words = conversation_lengths(path, None, chat_tokenizer, tmp_path / "cache")
+    trained = load(path, chat_tokenizer)
+    assert lengths.tolist() == trained.lengths.tolist() and "12 conversations" in words
+    assert plan_main(["--lengths", str(path), "--tokenizer", str(chat_tokenizer), "--max-tokens", "256",
+                      "--strategies", "sorted,packed", "--epochs", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith(f"12 samples from {path}") and "12 conversations (ShareGPT" in captured.err
+    bad = write([{"conversations": sharegpt(CONVERSATION)}, {"conversations": [{"from": "human", "value": ""}]}],
+                tmp_path / "bad.jsonl")
+    assert plan_main(["--lengths", str(bad), "--tokenizer", str(chat_tokenizer), "--epochs", "1"]) == 2
+    assert "1 of 2 conversations are bad (1 empty turn)" in capsys.readouterr().err
+    assert plan_main(["--lengths", str(bad), "--tokenizer", str(chat_tokenizer), "--bad-rows", "drop",
+                      "--max-tokens", "256", "--epochs", "1"]) == 0
+    assert "1 bad dropped (1 empty turn)" in capsys.readouterr().err

@@ -176,3 +176,19 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
 
     entry, meta, _ = cache.ensure_entry(cache_dir, PREFIX, fingerprint, build)
     return entry / DATA_FILE, meta, fingerprint
+
+
+def conversation_lengths(path: Path, split: str | None, tokenizer_dir: str | Path, cache_dir: Path,
+                         incomplete: str = "trim", bad_rows: str = "refuse",
+                         progress: bool = True) -> tuple[np.ndarray, str]:
+    """The token count of every conversation of ``path`` rendered whole with the tokenizer's chat template (the
+    cache :func:`tokenized_conversations` builds for training, so a plan and a run count the same tokens), and
+    what was read (kept, trimmed, dropped)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arrow, meta, _ = tokenized_conversations(path, split, tokenizer_dir, incomplete, cache_dir, progress, bad_rows)
+    with pa.memory_map(str(arrow)) as source:
+        ids = pa.ipc.open_stream(source).read_all().column("input_ids")
+    lengths = np.ascontiguousarray(pc.list_value_length(ids).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return lengths, meta["words"]

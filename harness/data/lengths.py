@@ -289,8 +289,8 @@ def _arrow_to_lengths(
                     else f"lists of {items}, not token ids")
             raise LengthsSourceError(
                 f"{path}: column {name!r} holds {what}; batchlab-plan plans token counts: give a column of token "
-                "id lists (input_ids) or integer lengths. Conversations must be tokenized with the target's chat "
-                "template first (batchlab-train data.source=FILE data.tokenizer=DIR does it and caches the result)")
+                "id lists (input_ids) or integer lengths, or for conversations --tokenizer DIR (each rendered with "
+                "the tokenizer's chat template and its tokens counted)")
         lengths = pc.list_value_length(arrow_column)
         return np.ascontiguousarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int64)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):

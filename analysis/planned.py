@@ -141,14 +141,16 @@ def _p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def paired_differences(per_run: pd.DataFrame, endpoint: str, a: str, b: str) -> tuple[tuple[int, ...], np.ndarray]:
-    """The seeds both strategies have, and A − B of ``endpoint`` at each."""
+def paired_values(per_run: pd.DataFrame, endpoint: str, a: str, b: str) -> tuple[tuple[int, ...], np.ndarray,
+                                                                                 np.ndarray]:
+    """The seeds both strategies have, and A's and B's ``endpoint`` at each, in that order."""
     table = per_run.pivot_table(index="seed", columns="strategy", values=endpoint, aggfunc="first")
     missing = [s for s in (a, b) if s not in table.columns]
     if missing:
         raise ValueError(f"planned contrast {a} vs {b}: no run of {missing} in this sweep")
     both = table[[a, b]].dropna()
-    return tuple(int(s) for s in both.index), (both[a] - both[b]).to_numpy(dtype=np.float64)
+    return (tuple(int(s) for s in both.index), both[a].to_numpy(dtype=np.float64),
+            both[b].to_numpy(dtype=np.float64))
 
 
 def superiority_power(effect: float, sd: float, n: int, alpha: float) -> float:
@@ -194,19 +196,17 @@ def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[Planne
                          f"({sorted(per_run.columns)[:12]} ...)")
     rows = []
     for contrast in plan.contrasts:
-        seeds, diffs = paired_differences(per_run, plan.endpoint, contrast.a, contrast.b)
+        seeds, values_a, values_b = paired_values(per_run, plan.endpoint, contrast.a, contrast.b)
+        diffs = values_a - values_b
         if len(diffs) < 2:
             raise ValueError(f"planned contrast {contrast.name}: {len(diffs)} paired seed(s); a paired test needs 2 "
                              "or more")
         n, mean, sd = len(diffs), float(diffs.mean()), float(diffs.std(ddof=1))
         if contrast.kind == "superiority":
-            p = float(stats.ttest_rel(per_run_values(per_run, plan.endpoint, contrast.a, seeds),
-                                      per_run_values(per_run, plan.endpoint, contrast.b, seeds)).pvalue)
+            p = float(stats.ttest_rel(values_a, values_b).pvalue)
             level = 0.95
         else:
-            p = float(ttost_paired(per_run_values(per_run, plan.endpoint, contrast.a, seeds),
-                                   per_run_values(per_run, plan.endpoint, contrast.b, seeds),
-                                   -contrast.margin, contrast.margin)[0])
+            p = float(ttost_paired(values_a, values_b, -contrast.margin, contrast.margin)[0])
             level = 1 - 2 * plan.alpha
         half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
         rows.append((contrast, seeds, mean, sd, (mean - half, mean + half), level, p))
@@ -239,12 +239,6 @@ def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[Planne
         results.append(PlannedResult(contrast, seeds, mean, sd, interval, level, p, float(p_holm), verdict,
                                      power_at(n), needed))
     return results
-
-
-def per_run_values(per_run: pd.DataFrame, endpoint: str, strategy: str, seeds: tuple[int, ...]) -> np.ndarray:
-    """``strategy``'s ``endpoint`` at ``seeds``, in that order."""
-    runs = per_run[per_run["strategy"] == strategy].drop_duplicates("seed").set_index("seed")[endpoint]
-    return runs.loc[list(seeds)].to_numpy(dtype=np.float64)
 
 
 def planned_frame(results: list[PlannedResult]) -> pd.DataFrame:

@@ -98,15 +98,16 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written)."""
     out_dir = Path(out_dir)
     per_run = run_metrics(sweep, target_loss)
-    planned = []
+    planned, planned_section = [], ""
     if plan is not None:
         from analysis.planned import planned_frame, planned_markdown, planned_results
 
         planned = planned_results(per_run, plan)
+        planned_section = planned_markdown(planned, plan, plan_source)
     out_dir.mkdir(parents=True, exist_ok=True)
     if planned:
         planned_frame(planned).to_csv(out_dir / "planned.csv", index=False)
-        (out_dir / "planned.md").write_text(planned_markdown(planned, plan, plan_source))
+        (out_dir / "planned.md").write_text(planned_section)
     table = strategy_table(per_run)
     timing = timing_check(per_run)
     table["tokens_per_second_cv"] = table["strategy"].map(timing.cv)
@@ -137,7 +138,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
                                sweep.excluded, paths, captions, ablation)
     if planned:  # the planned contrasts open the report, under its title
         heading, _, rest = markdown.partition("\n")
-        markdown = f"{heading}\n\n{(out_dir / 'planned.md').read_text()}{rest}"
+        markdown = f"{heading}\n\n{planned_section}{rest}"
     report.markdown.write_text(markdown)
     report.html = out_dir / "report.html"
     report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,

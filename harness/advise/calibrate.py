@@ -271,6 +271,7 @@ def degenerate(coefficients: np.ndarray, rows: list[dict]) -> str | None:
         return f"CostModel(a={a}, b={b}, c={c}): no term grows with the micro-batch"
     if any(not row["measured_s"] > 0 for row in rows):
         return "a shape was timed at 0 s"
+
     def factor(row: dict) -> float:
         ratio = row["fitted_s"] / row["measured_s"]
         return max(ratio, 1 / ratio) if ratio > 0 else np.inf

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.command_errors import OneLineParser, add_verbose, describe, full_errors
+from harness.data.config import BAD_ROWS_CHOICES
 
 if TYPE_CHECKING:
     from strategies import CliOption, CostModel, Plan
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--bad-rows",
-        choices=("refuse", "drop"),
+        choices=BAD_ROWS_CHOICES,
         default="refuse",
         help="with --tokenizer: every unusable conversation reported in one message (refuse, the default), or "
         "left out and counted (drop)",

@@ -576,3 +576,50 @@ def test_on_cpu_the_command_measures_the_link_and_simulates_the_splits(tmp_path,
     assert placement["splits"][0]["tokens_per_second"] < bounded["splits"][0]["tokens_per_second"]
     assert advise_cli.main([*args, "--world-size", "2"]) == 0
     assert "simulated: the link's protocol and measured costs" in capsys.readouterr().out
+
+
+def test_conversations_are_counted_by_the_tokenizer_and_calibrated_at_its_vocabulary(tmp_path, capsys, monkeypatch,
+                                                                                     batchlab_cache):
+    """--lengths FILE --tokenizer DIR: the conversations counted as a training run tokenizes them (the same cache),
+    bad rows reported in one line or dropped (--bad-rows drop), and the random-weight target calibrated at the
+    tokenizer's vocabulary, which the calibration records and the command prints."""
+    from transformers import AutoTokenizer
+
+    from harness.advise import predict as predict_module
+    from harness.data.chat_tokenize import conversation_lengths
+    from harness.data.config import DataConfig
+    from harness.data.samples import load_samples
+
+    embedded = load_samples(DataConfig(source="stdlib-chat", max_documents=40, vocab_size=514), progress=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded.tokenizer_path), local_files_only=True)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(1500)])  # above the default data.vocab_size (1,024)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    rows = [{"conversations": [{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": "yes " * i}]}
+            for i in range(1, 41)] + [{"conversations": []}]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    seen = {}
+
+    def calibrate(config, cache_dir, progress=True, local_ranks=1):
+        seen["config"] = config
+        return real_calibrate(config, cache_dir, progress=False, measure=synthetic_measure([]), local_ranks=local_ranks)
+
+    def predict(lengths, *args, **kwargs):
+        seen["lengths"] = lengths
+        return real_predict(lengths, *args, **kwargs)
+
+    real_calibrate, real_predict = cal.calibrate, predict_module.predict
+    monkeypatch.setattr(cal, "calibrate", calibrate)
+    monkeypatch.setattr(predict_module, "predict", predict)
+    args = ["--lengths", str(path), "--tokenizer", str(tmp_path / "tokenizer"), "--max-tokens", "1024",
+            "--cache-dir", str(tmp_path / "cache"), "--strategies", "sorted,packed"]
+    assert advise_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "1 of 41 conversations are bad (1 empty conversation)" in err
+    assert advise_cli.main([*args, "--bad-rows", "drop"]) == 0
+    captured = capsys.readouterr()
+    assert "40 conversations (ShareGPT conversations), 1 bad dropped" in captured.err
+    assert seen["config"]["target"]["vocab_size"] == len(tokenizer) > 1024
+    assert f"vocabulary {len(tokenizer):,})" in captured.out
+    expected, _ = conversation_lengths(path, None, tmp_path / "tokenizer", tmp_path / "cache", bad_rows="drop")
+    assert seen["lengths"].tolist() == expected.tolist() and len(expected) == 40

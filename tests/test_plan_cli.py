@@ -262,7 +262,7 @@ def test_balance_lowers_rank_imbalance(capsys, sources):
         (["--lengths", "NPY", "--split", "train"], r"split='train' applies only to a dataset directory"),
         # the number of turns used to be planned as if it were a length (exit 0, a table of nonsense)
         (["--lengths", "CHATS.jsonl", "--column", "conversations"],
-         r"column 'conversations' holds conversations \(lists of turns\); batchlab-plan plans token counts"),
+         r"column 'conversations' holds conversations \(lists of turns\); lengths are token counts"),
         (["--lengths", "CHATS.jsonl", "--column", "tags"], r"column 'tags' holds lists of string, not token ids"),
     ],
 )

@@ -107,6 +107,12 @@ class Calibration:
     target_stage: list  # [a, b, c, m] of the target's forward alone
     drafter_stage: list  # [a, b, c, m] of the drafter's forward and backward alone
     max_blocks: int | None = None  # the drafter's cap on blocks a micro-batch (the c term counts capped blocks)
+    measured_on: dict | None = None  # what was timed (dtype, max_tokens, target and drafter configs): the cache key's
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The target's vocabulary the calibration ran at (None: a checkpoint's own, or an older calibration)."""
+        return ((self.measured_on or {}).get("target") or {}).get("vocab_size")
 
     def stage_costs(self) -> tuple[Any, Any]:
         """``(target, drafter)`` :class:`~harness.advise.stages.StageCost` of the stage fits (seconds)."""
@@ -220,23 +226,26 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     else:
         measure = measure or _measurer(config_dict)
         groups = [[shape] for shape in todo]
-    for group in groups:
-        if progress:
-            print(f"batchlab-advise: calibrating {len(done['shapes']) + len(group)}/{len(shapes)} shapes "
-                  f"({', '.join(f'{s.layout} {len(s.lengths)} × {max(s.lengths)}' for s in group)})", flush=True)
-        if measure is None:
-            from harness.train.distributed import launch
+    from tqdm import tqdm
 
-            results = launch(concurrent_rank, (config_dict, group), local_ranks,
-                             run_id=f"batchlab-advise-{os.getpid()}-{time.time_ns()}")
-        else:
-            results = [measure(shape) for shape in group]
-        for shape, (times, target_times, step_s) in zip(group, results):
-            done["shapes"][_name(shape)] = {
-                "total": statistics.median(times), "target": statistics.median(target_times),
-                "drafter": statistics.median([t - u for t, u in zip(times, target_times)])}
-            done["step_s"] = step_s if done["step_s"] is None else min(done["step_s"], step_s)
-        _write_atomic(partial, done)
+    with tqdm(total=len(shapes), initial=len(shapes) - len(todo), desc="batchlab-advise: calibrating",
+              unit=" shapes", disable=not progress, leave=False) as bar:
+        for group in groups:
+            bar.set_postfix_str(", ".join(f"{s.layout} {len(s.lengths)} × {max(s.lengths)}" for s in group))
+            if measure is None:
+                from harness.train.distributed import launch
+
+                results = launch(concurrent_rank, (config_dict, group), local_ranks,
+                                 run_id=f"batchlab-advise-{os.getpid()}-{time.time_ns()}")
+            else:
+                results = [measure(shape) for shape in group]
+            for shape, (times, target_times, step_s) in zip(group, results):
+                done["shapes"][_name(shape)] = {
+                    "total": statistics.median(times), "target": statistics.median(target_times),
+                    "drafter": statistics.median([t - u for t, u in zip(times, target_times)])}
+                done["step_s"] = step_s if done["step_s"] is None else min(done["step_s"], step_s)
+            _write_atomic(partial, done)
+            bar.update(len(group))
     max_tokens = int(trainer["max_tokens"])
     terms = np.array([[*shape.terms(block_size, num_anchors, max_tokens, max_blocks), 1.0] for shape in shapes])
     seconds = {part: np.array([done["shapes"][_name(s)][part] for s in shapes])
@@ -253,8 +262,10 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
                             "probably disturbed (another job on the machine): run batchlab-advise again when it "
                             "is quieter, or give a stored calibration")
     stages = [[float(x) for x in fit(terms, np.maximum(seconds[part], 1e-9))] for part in ("target", "drafter")]
+    measured_on = {"dtype": trainer["precision"], "max_tokens": max_tokens, "target": config_dict["target"],
+                   "drafter": drafter}
     calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
-                              max_tokens, key, machine, rows, *stages, max_blocks)
+                              max_tokens, key, machine, rows, *stages, max_blocks, measured_on)
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
     return calibration, True

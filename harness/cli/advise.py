@@ -3,6 +3,7 @@
     batchlab-advise --lengths my_dataset/ --max-tokens 16384 --world-size 8 --tokens 2e9
     batchlab-advise --profile chat-902k --max-tokens 16384 --world-size 8 --json
     batchlab-advise --lengths data.jsonl --max-tokens 2048 --target tiny --drafter tiny --report-dir advice/
+    batchlab-advise --lengths sharegpt.json --tokenizer SmolLM2.gguf --bad-rows drop --max-tokens 4096
     batchlab-advise --lengths data.jsonl --max-tokens 2048 --drafter multirun/strategies/strategy=packed,seed=0
     batchlab-advise --experiment reference_8gpu --set target.num_hidden_layers=4 --device cuda --dtype bf16 \
         --profile chat-902k --max-tokens 16384 --world-size 8
@@ -32,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.cli.data_options import add_tokenizer_options
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
-
 
 #: trainer settings this command sets from its own options
 OWN_OPTIONS = {"trainer.max_tokens": "--max-tokens", "trainer.device": "--device", "trainer.precision": "--dtype",
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--lengths", metavar="PATH", help="dataset (save_to_disk, .parquet, .jsonl, .npy, .txt)")
     source.add_argument("--profile", metavar="NAME", help="bundled length profile, e.g. chat-902k")
     parser.add_argument("--column", help="column holding the lengths or token lists")
+    add_tokenizer_options(parser)
     parser.add_argument("--split", help="split of a saved DatasetDict")
     parser.add_argument("--max-tokens", type=at_least(int, 64), required=True, help="token slots per micro-batch")
     parser.add_argument("--world-size", type=at_least(int, 1), default=1, help="data-parallel ranks (default 1)")
@@ -91,12 +93,23 @@ def advise(args: argparse.Namespace) -> int:
     import numpy as np
 
     import strategies
-    from harness.advise.calibrate import CACHE_SUBDIR, available_bytes, calibrate, is_cached, target_bytes
-    from harness.advise.predict import calibration_ranks, predict, recommendation, shared_cores
+    from harness.advise.calibrate import (
+        CACHE_SUBDIR,
+        available_bytes,
+        calibrate,
+        is_cached,
+        target_bytes,
+    )
+    from harness.advise.predict import (
+        calibration_ranks,
+        predict,
+        recommendation,
+        shared_cores,
+    )
     from harness.cli.overrides import check_override, group_options
     from harness.cli.plan import select_strategies
     from harness.data.config import DataConfig
-    from harness.data.lengths import load_lengths
+    from harness.data.lengths import user_lengths
     from harness.train.config import compose_run_config, run_config_from_dict
 
     if args.experiment is not None and args.experiment not in group_options("experiment"):
@@ -139,8 +152,12 @@ def advise(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device is visible here; calibrate on the GPU machine or use cpu")
     names = select_strategies(args.strategies, strategies.available_strategies())
-    lengths = load_lengths(args.lengths if args.lengths is not None else "profile:" + args.profile,
-                           column=args.column, split=args.split)
+    lengths, words = user_lengths(args.lengths if args.lengths is not None else "profile:" + args.profile,
+                                  column=args.column, split=args.split, tokenizer=args.tokenizer,
+                                  bad_rows=args.bad_rows, cache_dir=args.cache_dir and Path(args.cache_dir),
+                                  progress=not args.json and sys.stderr.isatty())
+    if words:
+        print(f"batchlab-advise: {words}", file=sys.stderr)
     if lengths.size == 0:
         raise ValueError("the dataset has no samples to plan; give one with at least one non-empty row")
     over = int((lengths > args.max_tokens).sum())
@@ -167,6 +184,11 @@ def advise(args: argparse.Namespace) -> int:
     except HydraException as error:  # a value Hydra cannot parse or type (--set, or a run's drafter)
         given = " ".join(f"--set {o}" for o in args.overrides) if args.overrides else f"--drafter {args.drafter}"
         raise ValueError(f"{given}: {' '.join(str(error).split())}") from None
+    if args.tokenizer is not None:  # a random-weight target calibrated at the data's vocabulary, as a run builds it
+        from harness.train.launch.run import with_tokenizer_vocabulary
+
+        config = with_tokenizer_vocabulary(run_config_from_dict(config),
+                                           {**config, "data": {**config["data"], "tokenizer": args.tokenizer}})
     if drafter_section is not None:
         try:
             run_config_from_dict(config)
@@ -218,8 +240,9 @@ def advise(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, default=float))
         return 0
+    vocabulary = "" if calibration.vocab_size is None else f", vocabulary {int(calibration.vocab_size):,}"
     print(f"calibration ({'measured now' if measured else 'cached'}; {calibration.machine['cpu']}, "
-          f"{args.device}, {args.dtype}): a={calibration.a:.3g} s/slot, b={calibration.b:.3g} s/len², "
+          f"{args.device}, {args.dtype}{vocabulary}): a={calibration.a:.3g} s/slot, b={calibration.b:.3g} s/len², "
           f"c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.2f} ms a micro-batch, "
           f"{1e3 * calibration.step_s:.2f} ms a step; worst fit error {100 * calibration.worst_error():.0f}% "
           f"over {len(calibration.shapes)} shapes")

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.cli.data_options import add_tokenizer_options
 from harness.command_errors import OneLineParser, add_verbose, describe, full_errors
-from harness.data.config import BAD_ROWS_CHOICES
 
 if TYPE_CHECKING:
     from strategies import CliOption, CostModel, Plan
@@ -66,20 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument("--profile", metavar="NAME", help="bundled length profile, e.g. chat-902k")
     parser.add_argument("--column", help="column holding the lengths or token lists (default: input_ids, length, ...)")
-    parser.add_argument(
-        "--tokenizer",
-        metavar="DIR",
-        help="conversations (a 'messages' or 'conversations' column; JSON lines, a JSON array, parquet or "
-        "save_to_disk): each rendered whole with this Hugging Face tokenizer's chat template and its tokens "
-        "counted (cached, as batchlab-train tokenizes them)",
-    )
-    parser.add_argument(
-        "--bad-rows",
-        choices=BAD_ROWS_CHOICES,
-        default="refuse",
-        help="with --tokenizer: every unusable conversation reported in one message (refuse, the default), or "
-        "left out and counted (drop)",
-    )
+    add_tokenizer_options(parser)
     parser.add_argument("--split", help="split of a saved DatasetDict")
     parser.add_argument("--max-tokens", type=int, default=16384, help="token slots per micro-batch (default 16384)")
     parser.add_argument("--max-samples", type=int, default=None, help="cap on samples per micro-batch")
@@ -379,25 +366,6 @@ def _fail(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
-def _conversation_lengths(args: argparse.Namespace) -> np.ndarray:
-    """``--lengths FILE --tokenizer DIR``: the conversations' token counts under the chat template (what was kept
-    and dropped said on stderr)."""
-    from harness.data.chat import SCHEMAS
-    from harness.data.chat_tokenize import conversation_lengths
-    from harness.data.config import DataConfig
-
-    if args.lengths is None:
-        raise BadInput("--tokenizer applies to --lengths FILE (conversations), not to a bundled --profile")
-    if args.column is not None and args.column not in SCHEMAS:
-        raise BadInput(f"--column {args.column!r} with --tokenizer: conversations are read from a 'messages' or "
-                       "'conversations' column; leave --column out")
-    lengths, words = conversation_lengths(Path(args.lengths).expanduser(), args.split, args.tokenizer,
-                                          DataConfig().resolved_cache_dir(), bad_rows=args.bad_rows,
-                                          progress=sys.stderr.isatty())
-    print(f"batchlab-plan: {words}, chat template of {args.tokenizer}", file=sys.stderr)
-    return lengths
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status (0 ok, 2 bad input)."""
     parser = build_parser()
@@ -406,9 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_request:  # argparse already printed the usage error
         return int(exit_request.code or 0)
 
-    from harness.data.lengths import LengthsSourceError, load_lengths
-
     import strategies
+    from harness.data.lengths import LengthsSourceError, user_lengths
 
     if args.epochs < 1:
         return _fail(f"--epochs {args.epochs} must be at least 1 (2 or more to measure recurrence)")
@@ -427,10 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = select_strategies(args.strategies, strategies.available_strategies())
         strategy_options_from_args(args, names)  # a bad strategy flag fails before the lengths are read
         source = args.lengths if args.lengths is not None else "profile:" + args.profile
-        if args.tokenizer is not None:
-            lengths = _conversation_lengths(args)
-        else:
-            lengths = load_lengths(source, column=args.column, split=args.split)
+        lengths, words = user_lengths(source, column=args.column, split=args.split, tokenizer=args.tokenizer,
+                                      bad_rows=args.bad_rows, progress=None if sys.stderr.isatty() else False)
+        if words:
+            print(f"batchlab-plan: {words}", file=sys.stderr)
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False
         rows = compare_strategies(lengths, args, names, show_progress)
     except (BadInput, LengthsSourceError, strategies.LengthsError, ValueError, OSError) as err:

@@ -1,13 +1,15 @@
 """Conversations to training samples with the target's own chat template: ``input_ids`` and a loss mask on
 the assistant's tokens only.
 
-The tokenizer is a local Hugging Face tokenizer directory (``data.tokenizer``) and the template its own
-(``apply_chat_template``). The mask comes from the template's ``{% generation %}`` markers where it has
-them (``return_assistant_tokens_mask``); otherwise the conversation is rendered turn by turn: an
-assistant turn's tokens are those its rendering adds after the rendering of the turns before it with the
-generation prompt (so the role header is not trained on), and every step must extend the one before
-it and the last must equal the whole conversation's rendering, or the conversation is refused naming
-the row. Which of the two was used is recorded (:attr:`ChatTokenizer.method`).
+The tokenizer is a local Hugging Face tokenizer directory or a ``.gguf`` checkpoint file (``data.tokenizer``;
+transformers reads a GGUF's tokenizer and template with the ``gguf`` package) and the template its own. The
+mask comes from the template's ``{% generation %}`` markers where it has them (``return_assistant_tokens_mask``);
+otherwise each assistant turn's span is what its rendering adds after the turns before it with the generation
+prompt (so the role header is not trained on): each rendering must extend the one before it, and a token must
+start at each span's ends (none merged across a turn's boundary), or the conversation is refused naming the row
+and turn. The spans are characters of the whole rendering, mapped to tokens by the fast tokenizer's offsets:
+the whole batch is tokenized in one call, on every core (a slow tokenizer, with no offsets, renders and
+tokenizes turn by turn). Which method was used is recorded (:attr:`ChatTokenizer.method`).
 
 The result is cached like the other sources: one Arrow file of ``input_ids`` and ``loss_mask``, keyed by
 the conversations' file, the tokenizer's files (its template included), ``data.incomplete`` and
@@ -18,11 +20,13 @@ like those :mod:`harness.data.chat` finds: all of them are reported together, or
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from jinja2 import TemplateError
 
 from harness.data import cache
 from harness.data.chat import (
@@ -32,11 +36,11 @@ from harness.data.chat import (
     read_conversations,
 )
 
-FORMAT_VERSION = 2  # 2: bad rows reported together, or dropped (data.bad_rows)
+FORMAT_VERSION = 3  # 2: bad rows reported together, or dropped (data.bad_rows); 3: batched, GGUF tokenizers
 PREFIX = "chat"
 DATA_FILE = "data.arrow"
 MARKERS = "generation markers"
-TURN_BY_TURN = "turn by turn (round trip checked)"
+TURN_BY_TURN = "turn by turn (each reply's span, prefixes checked)"
 _GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
@@ -47,6 +51,12 @@ class ChatTokenizer:
     tokenizer: Any
     path: Path
     method: str
+    template: str = ""
+
+    @property
+    def template_variables(self) -> dict[str, str]:
+        """What the tokenizer hands its template besides the messages (its special tokens), as apply_chat_template."""
+        return dict(self.tokenizer.special_tokens_map)
 
     @property
     def vocab_size(self) -> int:
@@ -66,16 +76,27 @@ def checkpoint_tokenizer(checkpoint: str | Path | None) -> str | None:
     return str(directory) if any((directory / name).is_file() for name in TOKENIZER_FILES) else None
 
 
+GGUF_SUFFIX = ".gguf"
+#: conversations rendered and tokenized per call of the fast tokenizer (its batch runs on every core)
+ENCODE_BATCH = 256
+
+
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
-    """The tokenizer of a local directory; refused when it has no chat template (saying how to give one)."""
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise FileNotFoundError(f"data.tokenizer={str(path)!r} is not a directory; give a local Hugging Face "
-                                "tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the target "
-                                "checkpoint's")
+    """The tokenizer of a local Hugging Face tokenizer directory or a ``.gguf`` checkpoint file (transformers reads
+    its tokenizer and template; needs the ``gguf`` package); refused when it has no chat template (saying how to
+    give one)."""
+    location = Path(path).expanduser()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    if location.is_file() and location.suffix.lower() == GGUF_SUFFIX:
+        _require_gguf(location)
+        tokenizer = AutoTokenizer.from_pretrained(str(location.parent), gguf_file=location.name, local_files_only=True)
+    elif location.is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(str(location), local_files_only=True)
+    else:
+        raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a directory nor a .gguf file; give a local "
+                                "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the "
+                                "target checkpoint's, or a .gguf checkpoint file")
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = template.get("default")
@@ -84,30 +105,182 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
             f"data.tokenizer={str(path)!r} has no chat template; add one (a chat_template.jinja file, or "
             "\"chat_template\" in tokenizer_config.json: the target model's own template), or point "
             "data.tokenizer at a tokenizer that has one")
-    return ChatTokenizer(tokenizer, directory, MARKERS if _GENERATION.search(template) else TURN_BY_TURN)
+    return ChatTokenizer(tokenizer, location, MARKERS if _GENERATION.search(template) else TURN_BY_TURN, template)
+
+
+def _require_gguf(location: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise ConversationError(f"data.tokenizer={str(location)!r} is a GGUF file, which transformers reads with the "
+                                "gguf package: pip install gguf")
+
+
+def tokenizer_signature(chat: ChatTokenizer) -> dict:
+    """What a cache entry built with ``chat`` depends on: the directory's files, or the GGUF file."""
+    return cache.file_signature(chat.path) if chat.path.is_file() else cache.tree_signature(chat.path)
+
+
+def encode_conversations(chat: ChatTokenizer, rows: list[tuple[str, list[dict[str, str]]]],
+                         batch_size: int = ENCODE_BATCH) -> Iterator[list[tuple[np.ndarray, np.ndarray] | BadRow]]:
+    """For each batch of ``rows`` (``(where, turns)``), in order: ``(input_ids, loss_mask)`` of each conversation
+    (1 on the assistant's tokens, 0 elsewhere), or the :class:`BadRow` the chat template made of it. A conversation
+    the mask cannot be found for raises :class:`ConversationError` naming its row.
+
+    One call of the fast tokenizer per batch, on every core; it releases the GIL, so the next batch is rendered
+    meanwhile (a thread: the jinja template runs in Python)."""
+    batches = (rows[start:start + batch_size] for start in range(0, len(rows), batch_size))
+    if chat.method == MARKERS:
+        yield from (_with_markers(chat, batch) for batch in batches)
+        return
+    if not getattr(chat.tokenizer, "is_fast", False):  # no character offsets: rendered and tokenized turn by turn
+        yield from ([_or_bad_row(where, _turn_by_turn, chat, turns, where) for where, turns in batch]
+                    for batch in batches)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize") as pool:
+        pending = None
+        for batch in batches:
+            outcomes = _rendered_batch(chat, batch)
+            if pending is not None:
+                yield _masked_batch(*pending)
+            rendered = [outcome for outcome in outcomes if not isinstance(outcome, BadRow)]
+            tokenized = pool.submit(chat.tokenizer.backend_tokenizer.encode_batch, [text for text, _ in rendered],
+                                    add_special_tokens=False)
+            pending = (batch, outcomes, tokenized)
+        if pending is not None:
+            yield _masked_batch(*pending)
+
+
+def _masked_batch(batch: list[tuple[str, list[dict[str, str]]]], outcomes: list, tokenized) -> list:
+    encodings = iter(tokenized.result())
+    return [outcome if isinstance(outcome, BadRow) else _masked(*outcome, next(encodings), where)
+            for (where, _), outcome in zip(batch, outcomes, strict=True)]
 
 
 def encode_conversation(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[list[int], list[int]]:
-    """``(input_ids, loss_mask)`` of one conversation: 1 on the assistant's tokens, 0 elsewhere."""
-    from jinja2 import TemplateError
+    """``(input_ids, loss_mask)`` of one conversation, as lists (:func:`encode_conversations` for many)."""
+    ((outcome,),) = encode_conversations(chat, [(where, turns)])
+    if isinstance(outcome, BadRow):
+        raise outcome
+    return outcome[0].tolist(), outcome[1].tolist()
+
+
+def _or_bad_row(where: str, encode, *args):
+    """``encode(*args)``, or the :class:`BadRow` of a conversation the template refused."""
 
     try:
-        if chat.method == MARKERS:
-            encoded = chat.tokenizer.apply_chat_template(turns, tokenize=True, return_dict=True,
-                                                         return_assistant_tokens_mask=True)
-            ids, mask = list(encoded["input_ids"]), [int(m) for m in encoded["assistant_masks"]]
-        else:
-            ids, mask = _turn_by_turn(chat, turns, where)
+        return encode(*args)
     except TemplateError as error:  # the template's own checks (e.g. roles must alternate)
-        raise BadRow(TEMPLATE_REFUSED, f"{where}: the chat template refused this conversation ({error}); fix the "
-                                "turns (e.g. alternate user and assistant) or use a template that accepts them") from None
-    if not any(mask):
-        raise ConversationError(f"{where}: the chat template marks no assistant token; check the template's "
-                                "{% generation %} markers")
+        return BadRow(TEMPLATE_REFUSED, f"{where}: the chat template refused this conversation ({error}); fix the "
+                                        "turns (e.g. alternate user and assistant) or use a template that accepts them")
+
+
+def _with_markers(chat: ChatTokenizer, batch: list[tuple[str, list[dict[str, str]]]]) -> list:
+    """The template's ``{% generation %}`` spans, by the library (one batched call; a batch holding a conversation
+    the template refuses is encoded one by one to name it)."""
+
+    def encoded(conversations: list[list[dict[str, str]]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        out = chat.tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=True,
+                                                 return_assistant_tokens_mask=True)
+        return [(np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.int8))
+                for ids, mask in zip(out["input_ids"], out["assistant_masks"], strict=True)]
+
+    try:
+        results: list = encoded([turns for _, turns in batch])
+    except TemplateError:
+        results = [_or_bad_row(where, lambda one: encoded([one])[0], turns) for where, turns in batch]
+    for (where, _), outcome in zip(batch, results, strict=True):
+        if not isinstance(outcome, BadRow) and not outcome[1].any():
+            raise ConversationError(f"{where}: the chat template marks no assistant token; check the template's "
+                                    "{% generation %} markers")
+    return results
+
+
+@dataclass(frozen=True)
+class _Turns:
+    """Each assistant turn's character span in the rendered conversation, and its index among the turns."""
+
+    assistant: list[tuple[int, int]]
+    index: list[int]
+
+
+def _rendered_batch(chat: ChatTokenizer, batch: list[tuple[str, list[dict[str, str]]]]) -> list:
+    """Each conversation of ``batch`` rendered whole, with the character span of each assistant turn (what its
+    rendering adds after the turns before it with the generation prompt: the role header is not trained on), or the
+    :class:`BadRow` of a conversation the template refused. Only the renderings around assistant turns are made (the
+    mask depends on no other), all of a batch in two calls of the library's renderer (one per generation prompt
+    setting; a batch holding a refused conversation is rendered one by one to name it)."""
+    try:
+        return _rendered(chat, batch)
+    except TemplateError:
+        return [_or_bad_row(where, lambda one: _rendered(chat, [one])[0], (where, turns)) for where, turns in batch]
+
+
+def _rendered(chat: ChatTokenizer, batch: list[tuple[str, list[dict[str, str]]]]) -> list[tuple[str, _Turns]]:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    def render(parts: list[list[dict[str, str]]], generation_prompt: bool) -> list[str]:
+        rendered, _ = render_jinja_template(conversations=parts, chat_template=chat.template,
+                                            add_generation_prompt=generation_prompt, **chat.template_variables)
+        return rendered
+
+    replies = [[index for index, turn in enumerate(turns) if turn["role"] == "assistant"] for _, turns in batch]
+    befores = iter(render([turns[:index] for (_, turns), indices in zip(batch, replies) for index in indices
+                           if index], generation_prompt=True))
+    afters = iter(render([turns[:index + 1] for (_, turns), indices in zip(batch, replies) for index in indices]
+                         + [turns for _, turns in batch if turns[-1]["role"] != "assistant"], generation_prompt=False))
+    out = []
+    for (where, turns), indices in zip(batch, replies, strict=True):
+        text, spans = "", []
+        for index in indices:
+            before, after = next(befores) if index else "", next(afters)
+            if not before.startswith(text) or not after.startswith(before):
+                raise ConversationError(_NOT_EXTENDED.format(where=where, index=index))
+            spans.append((len(before), len(after)))
+            text = after
+        out.append((text, _Turns(spans, indices)))
+    for position, (where, turns) in enumerate(batch):
+        if turns[-1]["role"] != "assistant":  # the turns after the last reply (read_conversations trims these)
+            whole = next(afters)
+            if not whole.startswith(out[position][0]):
+                raise ConversationError(_NOT_EXTENDED.format(where=where, index=len(turns) - 1))
+            out[position] = (whole, out[position][1])
+    return out
+
+
+def _masked(text: str, turns_at: _Turns, encoding, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The assistant mask of one tokenized conversation from character spans: the tokens from the one a reply's
+    span starts at to the one the next cut starts at. A token must start at every cut (none may straddle a
+    turn's boundary, merging tokens across it: the tokens of the turns so far would then not be a prefix of the
+    whole), or the conversation is refused."""
+    ids = np.asarray(encoding.ids, dtype=np.int32)
+
+    def token_at(cut: int, index: int) -> int:
+        if cut >= len(text):
+            return len(ids)
+        token = encoding.char_to_token(cut)
+        if token is None or encoding.token_to_chars(token)[0] != cut:
+            raise ConversationError(_NOT_EXTENDED.format(where=where, index=index))
+        return token
+
+    mask = np.zeros(len(ids), dtype=np.int8)
+    for (begin, end), index in zip(turns_at.assistant, turns_at.index, strict=True):
+        mask[token_at(begin, index):token_at(end, index)] = 1
+    if not mask.any():
+        raise ConversationError(f"{where}: the chat template renders no assistant token; check the template")
     return ids, mask
 
 
-def _turn_by_turn(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[list[int], list[int]]:
+_NOT_EXTENDED = ("{where}, turn {index}: rendering the conversation turn by turn does not extend the turns before it "
+                 "(the template rewrites earlier turns, or tokens merge across a turn's boundary), so the assistant "
+                 "tokens cannot be found this way; use a template with {{% generation %}} markers")
+
+
+def _turn_by_turn(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
+    """The mask token by token, for a tokenizer without character offsets (and the reference the character spans
+    are tested against): each turn's rendering tokenized, and each must extend the one before it."""
     def render(part: list[dict[str, str]], generation_prompt: bool = False) -> list[int]:
         if not part:
             return []
@@ -121,16 +294,12 @@ def _turn_by_turn(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) 
         before = render(turns[:index], generation_prompt=assistant)
         after = render(turns[:index + 1])
         if before[:len(ids)] != ids or after[:len(before)] != before:
-            raise ConversationError(
-                f"{where}, turn {index}: rendering the conversation turn by turn does not extend the turns "
-                "before it (the template rewrites earlier turns, or tokens merge across a turn's boundary), so "
-                "the assistant tokens cannot be found this way; use a template with {% generation %} markers")
+            raise ConversationError(_NOT_EXTENDED.format(where=where, index=index))
         mask += [0] * (len(before) - len(ids)) + [int(assistant)] * (len(after) - len(before))
         ids = after
-    if render(turns) != ids:
-        raise ConversationError(f"{where}: the turn-by-turn rendering does not round-trip to the whole "
-                                "conversation's; use a template with {% generation %} markers")
-    return ids, mask
+    if not any(mask):
+        raise ConversationError(f"{where}: the chat template renders no assistant token; check the template")
+    return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.int8)
 
 
 def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | Path, incomplete: str,
@@ -139,7 +308,7 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
     chat = load_chat_tokenizer(tokenizer_dir)
     source = cache.tree_signature(path) if path.is_dir() else cache.file_signature(path)
     fingerprint = cache.digest({"format": FORMAT_VERSION, "source": source, "split": split,
-                                "tokenizer": cache.tree_signature(chat.path), "incomplete": incomplete,
+                                "tokenizer": tokenizer_signature(chat), "incomplete": incomplete,
                                 "bad_rows": bad_rows})
 
     def build(tmp: Path) -> dict:
@@ -147,29 +316,32 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
         from tqdm import tqdm
 
         conversations = read_conversations(path, split, incomplete, bad_rows)  # refuses before tokenizing
-        offsets = [0]
-        ids: list[int] = []
-        mask: list[int] = []
-        for where, turns in tqdm(conversations.rows, desc=f"chat template {path.name}", unit=" conversations",
-                                 disable=not progress, leave=False):
-            try:
-                row_ids, row_mask = encode_conversation(chat, turns, f"{path}: {where}")
-            except BadRow as problem:
-                conversations.bad.add(problem)
-                continue
-            ids += row_ids
-            mask += row_mask
-            offsets.append(len(ids))
+        rows = conversations.rows
+        id_parts: list[np.ndarray] = []
+        mask_parts: list[np.ndarray] = []
+        with tqdm(total=len(rows), desc=f"chat template {path.name}", unit=" conversations", disable=not progress,
+                  leave=False) as bar:
+            for outcomes in encode_conversations(chat, [(f"{path}: {where}", turns) for where, turns in rows]):
+                for outcome in outcomes:
+                    if isinstance(outcome, BadRow):
+                        conversations.bad.add(outcome)
+                    else:
+                        id_parts.append(outcome[0])
+                        mask_parts.append(outcome[1])
+                bar.update(len(outcomes))
         if conversations.bad.total and bad_rows == "refuse":
             raise ConversationError(conversations.bad.report(path, conversations.read, "found while tokenizing"))
-        if len(offsets) == 1:
+        if not id_parts:
             raise ConversationError(f"{path}: no conversation is left ({conversations.words()})")
-        offsets_array = pa.array(np.asarray(offsets, dtype=np.int64))
-        table = pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets_array, pa.array(ids, type=pa.int32())),
-                          "loss_mask": pa.LargeListArray.from_arrays(offsets_array, pa.array(mask, type=pa.int8()))})
+        offsets = np.zeros(len(id_parts) + 1, dtype=np.int64)
+        np.cumsum([part.size for part in id_parts], out=offsets[1:])
+        offsets_array = pa.array(offsets)
+        table = pa.table({
+            "input_ids": pa.LargeListArray.from_arrays(offsets_array, pa.array(np.concatenate(id_parts))),
+            "loss_mask": pa.LargeListArray.from_arrays(offsets_array, pa.array(np.concatenate(mask_parts)))})
         with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        return {"source": str(path), "rows": len(offsets) - 1, "trimmed": conversations.trimmed,
+        return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed,
                 "bad": conversations.bad.counts,
                 "dropped": conversations.dropped, "schema": conversations.schema, "mask": chat.method,
                 "tokenizer": str(chat.path), "vocab_size": chat.vocab_size, "words": conversations.words()}

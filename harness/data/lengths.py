@@ -129,6 +129,36 @@ def load_lengths(
     return lengths
 
 
+def user_lengths(source: str, column: str | None = None, split: str | None = None, tokenizer: str | None = None,
+                 bad_rows: str = "refuse", cache_dir: Path | None = None,
+                 progress: bool | None = None) -> tuple[np.ndarray, str]:
+    """The one way in for a user's data, shared by ``batchlab-plan`` and ``batchlab-advise`` (and the samples a
+    ``batchlab-train`` run tokenizes): ``(lengths, what was read)``.
+
+    Without ``tokenizer``, :func:`load_lengths` (token id lists or integer lengths; a column of conversations or
+    strings is refused, naming the option). With one (a Hugging Face tokenizer directory or a ``.gguf`` file), the
+    conversations of ``source`` rendered whole with its chat template and counted, through the very cache a
+    training run tokenizes with (so a plan counts the run's tokens); ``bad_rows`` as ``data.bad_rows``.
+    """
+    if tokenizer is None:
+        return load_lengths(source, column=column, split=split, progress=progress), ""
+    from harness.data.chat import SCHEMAS
+    from harness.data.chat_tokenize import conversation_lengths
+    from harness.data.config import DataConfig
+
+    text = os.fspath(source)
+    if text.startswith(PROFILE_PREFIX) or (text in PROFILES and not Path(text).exists()):
+        raise LengthsSourceError(f"--tokenizer applies to a dataset of conversations, not to the bundled profile "
+                                 f"{text!r} (already token counts); leave --tokenizer out")
+    if column is not None and column not in SCHEMAS:
+        raise LengthsSourceError(f"--column {column!r} with --tokenizer: conversations are read from a 'messages' or "
+                                 "'conversations' column; leave --column out")
+    cache = cache_dir if cache_dir is not None else DataConfig().resolved_cache_dir()
+    lengths, words = conversation_lengths(Path(text).expanduser(), split, tokenizer, cache, bad_rows=bad_rows,
+                                          progress=progress is not False)
+    return lengths, f"{words}, chat template of {tokenizer}"
+
+
 # -- formats -------------------------------------------------------------------------------------
 def _load_profile(name: str, column: str | None, split: str | None) -> np.ndarray:
     _reject_column(Path(PROFILE_PREFIX + name), column, "a profile is a list of lengths")
@@ -288,7 +318,7 @@ def _arrow_to_lengths(
             what = ("conversations (lists of turns)" if pa.types.is_struct(items)
                     else f"lists of {items}, not token ids")
             raise LengthsSourceError(
-                f"{path}: column {name!r} holds {what}; batchlab-plan plans token counts: give a column of token "
+                f"{path}: column {name!r} holds {what}; lengths are token counts: give a column of token "
                 "id lists (input_ids) or integer lengths, or for conversations --tokenizer DIR (each rendered with "
                 "the tokenizer's chat template and its tokens counted)")
         lengths = pc.list_value_length(arrow_column)

@@ -623,3 +623,18 @@ def test_conversations_are_counted_by_the_tokenizer_and_calibrated_at_its_vocabu
     assert f"vocabulary {len(tokenizer):,})" in captured.out
     expected, _ = conversation_lengths(path, None, tmp_path / "tokenizer", tmp_path / "cache", bad_rows="drop")
     assert seen["lengths"].tolist() == expected.tolist() and len(expected) == 40
+
+
+def test_every_column_of_the_advice_table_is_explained_in_the_docs():
+    """docs/design.md has a row for each column batchlab-advise prints, naming the prediction's field."""
+    import dataclasses
+
+    from harness.advise.predict import Prediction
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    section = docs[docs.index("**`batchlab-advise`'s tables**"):]
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section.splitlines()
+            if line.startswith("| ") and line.count("|") == 4}
+    fields = {field.name for field in dataclasses.fields(Prediction)}
+    for title, field, _ in advise_cli.TABLE_COLUMNS:
+        assert field in fields and rows.get(title) == f"`{field}`", (title, rows.get(title))

@@ -180,3 +180,15 @@ def test_a_checkpoint_of_another_architecture_is_refused_in_one_line(capsys, tmp
     assert len(lines) == 1 and kind in lines[0] and "model_type 'qwen3_5' or 'qwen3_5_text'" in lines[0], lines
     with pytest.raises(BadInput, match=kind.replace("(", r"\(").replace(")", r"\)")):  # before a file is written
         prepared_config(compose_run_config([f"target.pretrained={tmp_path}", "logger=none"]))
+    if config == "LlamaConfig":  # the command itself: one line, exit 2, and the run's directory never left behind
+        from train_support import train_cli
+
+        refused = train_cli([f"target.pretrained={tmp_path}", "logger=none", "hydra.run.dir=runs/llama"],
+                            cwd=tmp_path)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and kind in lines[0], refused.stderr[-2000:]
+        assert not (tmp_path / "runs").exists()
+        gguf = tmp_path / "model.gguf"
+        gguf.write_bytes(b"GGUF")
+        with pytest.raises(BadInput, match=r"is a GGUF file .*model_type 'qwen3_5'"):
+            prepared_config(compose_run_config([f"target.pretrained={gguf}", "logger=none"]))

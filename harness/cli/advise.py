@@ -41,6 +41,13 @@ OWN_OPTIONS = {"trainer.max_tokens": "--max-tokens", "trainer.device": "--device
                "trainer.nproc": "--world-size"}
 
 
+#: the prediction table: (title, Prediction field, width); docs/design.md explains each (a test keeps it so)
+TABLE_COLUMNS = (("strategy", "strategy", 16), ("tokens/s", "tokens_per_second", 11), ("epoch", "epoch_seconds", 10),
+                 ("steps", "steps", 7), ("padding", "padding_pct", 9), ("recur.", "recurrence", 8),
+                 ("step rec.", "step_recurrence", 10), ("mix exc.", "length_mix_excess", 9),
+                 ("imbal.", "rank_imbalance", 8), ("to --tokens", "seconds_to_budget", 13))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="batchlab-advise", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -246,9 +253,8 @@ def advise(args: argparse.Namespace) -> int:
           f"c={calibration.c:.3g} s/block, {1e3 * calibration.micro_batch_s:.2f} ms a micro-batch, "
           f"{1e3 * calibration.step_s:.2f} ms a step; worst fit error {100 * calibration.worst_error():.0f}% "
           f"over {len(calibration.shapes)} shapes")
-    header = f"{'strategy':<16}{'tokens/s':>11}{'epoch':>10}{'steps':>7}{'padding':>9}{'recur.':>8}{'step rec.':>10}" \
-             f"{'mix exc.':>9}{'imbal.':>8}" + (f"{'to --tokens':>13}" if args.tokens else "")
-    print(header)
+    print("".join(f"{title:<{width}}" if title == "strategy" else f"{title:>{width}}"
+                  for title, _, width in TABLE_COLUMNS if title != "to --tokens" or args.tokens))
     for p in predictions:
         row = (f"{p.strategy:<16}{p.tokens_per_second:>11,.0f}{_duration(p.epoch_seconds):>10}{p.steps:>7}"
                f"{p.padding_pct:>8.1f}%{p.recurrence:>8.2f}{p.step_recurrence:>10.2f}{p.length_mix_excess:>9.3f}"

@@ -63,6 +63,19 @@ def _refusal_log() -> Path:
     return Path(name)
 
 
+def _remove_unclaimed(run_dir: Path, hydra_dir: Path, log: Path) -> None:
+    """Remove the directory of a run refused before it claimed it when it holds only what Hydra wrote for this job
+    (its ``.hydra`` files and job log), and the folders above it left empty (``outputs/train/DATE``), up to the
+    working directory: bad input leaves nothing behind. A directory holding anything else stays as it is."""
+    if not run_dir.is_dir() or any(path.name not in (hydra_dir.name, log.name) for path in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    here, folder = Path.cwd().resolve(), run_dir.resolve().parent
+    while here in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
+
+
 def _launcher_rank() -> int:
     """This process's rank under an external launcher (torchrun's RANK, SLURM's SLURM_PROCID); 0 otherwise."""
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
@@ -101,12 +114,13 @@ def main(cfg: DictConfig) -> float | None:
         print(f"batchlab-train: {refused}" + ("" if restored else f" ({hydra_dir} now shows the refused settings; "
               "config.json holds the run's)"), file=sys.stderr, flush=True)
         sys.exit(2)
-    except BadInput as bad:  # one line; the traceback goes to the run's log (and the terminal with HYDRA_FULL_ERROR=1)
-        if not claimed and (Path(run_dir) / "config.json").exists():
-            # found before the directory was claimed, and it holds another run: its log and Hydra files stay
-            # that run's; the traceback goes to a file of its own
-            if _launcher_rank() == 0:
-                _restore_hydra_files(hydra_dir)
+    except BadInput as bad:  # one line; the traceback to the run's log (and the terminal with HYDRA_FULL_ERROR=1)
+        if not claimed:
+            # found before the directory was claimed: a directory holding another run keeps that run's log and Hydra
+            # files, one Hydra made for this run is removed (nothing written), and the traceback goes to a file of
+            # its own
+            if _launcher_rank() == 0 and not _restore_hydra_files(hydra_dir):
+                _remove_unclaimed(Path(run_dir), hydra_dir, log)
             log = _refusal_log()
         with log.open("a") as file:
             traceback.print_exception(bad, file=file)

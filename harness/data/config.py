@@ -51,7 +51,7 @@ class DataConfig:
         format: ``"auto"`` (conversations when the source has a ``messages`` or ``conversations`` column and
             no ``input_ids``), ``"tokenized"`` (``input_ids`` + ``loss_mask``) or ``"conversations"``
             (OpenAI ``messages`` or ShareGPT ``conversations``, :mod:`harness.data.chat`).
-        tokenizer: conversations only: a local Hugging Face tokenizer directory whose chat template is
+        tokenizer: conversations only: a local Hugging Face tokenizer directory or a ``.gguf`` file whose chat template is
             applied (``None``: the target checkpoint's own when ``target.pretrained`` is one, the embedded
             chat tokenizer for ``source=stdlib-chat``).
         incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med
@@ -89,7 +89,7 @@ class DataConfig:
             if getattr(self, name) not in choices:
                 raise DataConfigError(f"data.{name}={getattr(self, name)!r}: choose one of {list(choices)}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise DataConfigError(f"data.tokenizer={self.tokenizer!r}: give a local tokenizer directory, or null")
+            raise DataConfigError(f"data.tokenizer={self.tokenizer!r}: give a local tokenizer directory or .gguf file, or null")
         if self.completions not in ("corpus", "regenerated"):
             raise DataConfigError(
                 f"data.completions={self.completions!r}: give 'corpus' (the data's own completions) or "

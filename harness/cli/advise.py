@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.cli.data_options import add_tokenizer_options
+from harness.cli.data_options import add_tokenizer_options, named_as_flags
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 
 #: trainer settings this command sets from its own options
@@ -93,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return one_line_errors("batchlab-advise", lambda: advise(args), verbose=args.verbose)
+    return one_line_errors("batchlab-advise", lambda: _with_flags(args), verbose=args.verbose)
+
+
+def _with_flags(args: argparse.Namespace) -> int:
+    """:func:`advise`, its bad input naming this command's options where it names the settings they set."""
+    try:
+        return advise(args)
+    except ValueError as error:
+        message = named_as_flags(str(error))
+        if message == str(error):
+            raise
+        raise ValueError(message) from error
 
 
 def advise(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import statistics
 import sys
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.cli.data_options import add_tokenizer_options
+from harness.cli.data_options import add_tokenizer_options, named_as_flags
 from harness.command_errors import OneLineParser, add_verbose, describe, full_errors
 
 if TYPE_CHECKING:
@@ -398,12 +399,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       bad_rows=args.bad_rows, progress=None if sys.stderr.isatty() else False)
         if words:
             print(f"batchlab-plan: {words}", file=sys.stderr)
+        over = int((lengths > args.max_tokens).sum())
+        if over and args.oversize != "error":  # said once here, not once per strategy and epoch
+            left = "left out of every epoch" if args.oversize == "drop" else "cut to the budget"
+            print(f"batchlab-plan: {over:,} of {lengths.size:,} samples longer than --max-tokens {args.max_tokens} "
+                  f"{left} (--oversize {args.oversize}; the longest {int(lengths.max()):,})", file=sys.stderr)
         show_progress = None if lengths.size >= PROGRESS_MIN_SAMPLES else False
-        rows = compare_strategies(lengths, args, names, show_progress)
+        validate_log = logging.getLogger("strategies.validate")
+        level = validate_log.level
+        validate_log.setLevel(logging.ERROR if over else level)
+        try:
+            rows = compare_strategies(lengths, args, names, show_progress)
+        finally:
+            validate_log.setLevel(level)
     except (BadInput, LengthsSourceError, strategies.LengthsError, ValueError, OSError) as err:
         if full_errors(args.verbose):
             traceback.print_exc()
-        return _fail(describe(err))
+        return _fail(named_as_flags(describe(err)))
 
     if args.json:
         print(json.dumps(_jsonable(rows), indent=2))

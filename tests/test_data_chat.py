@@ -348,16 +348,17 @@ def test_a_training_run_on_the_embedded_chat_corpus(tmp_path, batchlab_cache):
 
     from harness.train.launch.run import run
 
-    summary = run(compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
-                                  "trainer.progress=false", "data.source=stdlib-chat", f"data.vocab_size={VOCAB}",
-                                  "data.max_documents=60", "trainer.stop_tokens=4000", "trainer.eval_real_prompts=0"]),
-                  tmp_path / "run")
+    config = compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
+                             "trainer.progress=false", "data.source=stdlib-chat", f"data.vocab_size={VOCAB}",
+                             "data.max_documents=60", "trainer.stop_tokens=4000", "trainer.eval_real_prompts=0"])
+    summary = run(config, tmp_path / "run")
     assert summary["status"] == "complete" and summary["tokens_seen"] >= 4000
     samples = load_samples(DataConfig(source="stdlib-chat", max_documents=60, vocab_size=VOCAB), progress=False)
     assert summary["data_fingerprint"] == samples.fingerprint  # trained on the conversations' tokens
     from harness.data.samples import heldout_split
 
-    training_split = heldout_split(len(samples), DataConfig(max_documents=60, vocab_size=VOCAB))[0].size
+    held_out = {key: config["data"][key] for key in ("heldout_fraction", "max_heldout", "heldout_seed")}
+    training_split = heldout_split(len(samples), DataConfig(max_documents=60, vocab_size=VOCAB, **held_out))[0].size
     assert summary["train_samples"] + summary["dropped_no_anchor"] + summary["dropped_oversize"] == training_split
     assert "assistant-only loss mask from its generation markers" in (tmp_path / "run" / "train.log").read_text()
 

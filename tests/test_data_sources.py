@@ -115,9 +115,13 @@ def test_source_errors(tmp_path: Path):
     with pytest.raises(DataValidationError, match="unknown data format '.csv'"):
         load_samples(_cfg(text, tmp_path), progress=False)
     no_ids = tmp_path / "no_ids.parquet"
-    pq.write_table(pa.table({"tokens": IDS, "text": list("abcd")}), no_ids)
-    with pytest.raises(DataValidationError, match=r"no 'input_ids' column; columns found: \['tokens', 'text'\].*tokenize"):
+    pq.write_table(pa.table({"tokens": IDS, "body": list("abcd")}), no_ids)
+    with pytest.raises(DataValidationError, match=r"no 'input_ids' column; columns found: \['tokens', 'body'\].*tokenize"):
         load_samples(_cfg(no_ids, tmp_path), progress=False)
+    plain = tmp_path / "plain.parquet"  # a text column: plain text, which needs the tokenizer
+    pq.write_table(pa.table({"text": list("abcd")}), plain)
+    with pytest.raises(DataValidationError, match=r"holds plain text: give data.tokenizer=PATH"):
+        load_samples(_cfg(plain, tmp_path), progress=False)
     strings = tmp_path / "strings.jsonl"
     strings.write_text(json.dumps({"input_ids": "hello"}) + "\n")
     with pytest.raises(DataValidationError, match="'input_ids' has type string; expected a list of integers"):
@@ -140,8 +144,8 @@ def test_source_errors(tmp_path: Path):
     with pytest.raises(DataValidationError, match="split.*only to a dataset directory"):
         load_samples(_cfg(parquet, tmp_path, split="train"), progress=False)
     no_ids_ds = tmp_path / "no_ids_ds"
-    datasets.Dataset.from_dict({"text": list("ab")}).save_to_disk(str(no_ids_ds))
-    with pytest.raises(DataValidationError, match=r"columns found: \['text'\]"):
+    datasets.Dataset.from_dict({"body": list("ab")}).save_to_disk(str(no_ids_ds))
+    with pytest.raises(DataValidationError, match=r"columns found: \['body'\]"):
         load_samples(_cfg(no_ids_ds, tmp_path), progress=False)
 
 

@@ -63,7 +63,7 @@ def test_parquet_bad_values_name_the_row(tmp_path):
     pq.write_table(pa.table({"length": [3.0, 4.5, 2.0], "text": ["a", "b", "c"], "maybe": [1, None, 2]}), path)
     with pytest.raises(LengthsSourceError, match=r"row 1 has value 4\.5.*whole number"):
         load_lengths(path)
-    with pytest.raises(LengthsSourceError, match="'text' has type string"):
+    with pytest.raises(LengthsSourceError, match="'text' holds text; lengths are token counts: give --tokenizer PATH"):
         load_lengths(path, column="text")
     with pytest.raises(LengthsSourceError, match="'maybe' is missing \\(null\\) at row 1"):
         load_lengths(path, column="maybe")

@@ -21,7 +21,7 @@ counts every conversation trimmed or left out, and why.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,9 +85,9 @@ class BadRows:
         """``2 empty turn, 1 no assistant turn`` (most first)."""
         return ", ".join(f"{count} {kind}" for kind, count in sorted(self.counts.items(), key=lambda kv: -kv[1]))
 
-    def report(self, path: Path, rows: int, when: str) -> str:
+    def report(self, path: Path, rows: int, when: str, what: str = "conversations") -> str:
         """The refusal: every kind, its count and its first examples, and the two ways on."""
-        lines = [(f"{path}: {self.total} of {rows} conversations are bad ({self.words()}); {when}. Fix them, or set "
+        lines = [(f"{path}: {self.total} of {rows} {what} are bad ({self.words()}); {when}. Fix them, or set "
                   "data.bad_rows=drop to leave them out (counted):")]
         for kind, count in sorted(self.counts.items(), key=lambda kv: -kv[1]):
             more = f" (and {count - len(self.examples[kind])} more)" if count > len(self.examples[kind]) else ""
@@ -136,7 +136,7 @@ def read_conversations(path: Path, split: str | None, incomplete: str, bad_rows:
         raise ConversationError(f"data.incomplete={incomplete!r}: choose one of {list(INCOMPLETE_CHOICES)}")
     if bad_rows not in BAD_ROWS_CHOICES:
         raise ConversationError(f"data.bad_rows={bad_rows!r}: choose one of {list(BAD_ROWS_CHOICES)}")
-    records, column, notes = _records(path, split)
+    records, column, notes = source_records(path, split)
     out = ChatRows(schema="OpenAI messages" if column == "messages" else "ShareGPT conversations", notes=notes)
     for where, value in records:
         out.read += 1
@@ -214,25 +214,29 @@ def normalise(value: Any, where: str, column: str) -> list[dict[str, str]]:
     return turns
 
 
-def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], str, list[str]]:
-    """``(where, conversation value)`` of every row (``row 3``; ``line 4`` of a JSON-lines file; ``element 5 (line
-    40)`` of a JSON array), the column, and the reader's notes (filled as the rows are read)."""
+def source_records(path: Path, split: str | None, pick: Callable[[Path, list[str]], str] | None = None,
+                   error: type[Exception] = ConversationError) -> tuple[Iterator[tuple[str, Any]], str, list[str]]:
+    """``(where, value)`` of every row (``row 3``; ``line 4`` of a JSON-lines file; ``element 5 (line 40)`` of a JSON
+    array) in the column ``pick(path, columns)`` names (default: the conversation column), the column, and the
+    reader's notes (filled as the rows are read). A row that cannot be read is a :class:`BadRow` in place of its
+    value."""
+    pick = pick or _column_or_error
     notes: list[str] = []
     if path.is_dir():
         import datasets
 
         from harness.data.lengths import select_split
 
-        dataset, _ = select_split(datasets.load_from_disk(str(path)), split, path, ConversationError,
+        dataset, _ = select_split(datasets.load_from_disk(str(path)), split, path, error,
                                   option="data.split", drop_fix="; set data.split to null")
-        column = _column_or_error(path, dataset.column_names)
+        column = pick(path, dataset.column_names)
         values = dataset.select_columns([column])
         return ((f"row {row}", item[column]) for row, item in enumerate(values)), column, notes
     if path.suffix.lower() == ".parquet":
         import pyarrow.parquet as pq
 
         parquet = pq.ParquetFile(path)
-        column = _column_or_error(path, parquet.schema_arrow.names)
+        column = pick(path, parquet.schema_arrow.names)
 
         def parquet_rows() -> Iterator[tuple[str, Any]]:
             row = 0
@@ -244,9 +248,9 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
     if is_json_array(path):
         first = first_array_element(path)
         if not isinstance(first, dict):
-            raise ConversationError(f"{path}: a JSON array whose first element is not a conversation object; give "
-                                    '[{"messages": [...]}, ...] or [{"conversations": [...]}, ...]')
-        column = _column_or_error(path, list(first))
+            raise error(f"{path}: a JSON array whose first element is not an object; give one object per element, "
+                        'e.g. [{"messages": [...]}, ...] or [{"text": "..."}, ...]')
+        column = pick(path, list(first))
 
         def array_rows() -> Iterator[tuple[str, Any]]:
             for number, line, record in json_array_elements(path, notes):
@@ -257,8 +261,8 @@ def _records(path: Path, split: str | None) -> tuple[Iterator[tuple[str, Any]], 
                     continue
                 yield where, record[column]
         return array_rows(), column, notes
-    first = _first_json_object(path)
-    column = _column_or_error(path, list(first))
+    first = _first_json_object(path, error)
+    column = pick(path, list(first))
 
     def json_rows() -> Iterator[tuple[str, Any]]:
         with path.open() as lines:
@@ -349,7 +353,7 @@ def json_array_elements(path: Path, notes: list[str]) -> Iterator[tuple[int, int
         position = end
 
 
-def _first_json_object(path: Path) -> dict:
+def _first_json_object(path: Path, error: type[Exception] = ConversationError) -> dict:
     """The first line that is a JSON object (the lines before it are reported with the other bad rows)."""
     found = False
     with path.open() as lines:
@@ -362,9 +366,8 @@ def _first_json_object(path: Path) -> dict:
                     continue
                 if isinstance(record, dict):
                     return record
-    raise ConversationError(f"{path}: " + ("no line is a JSON object; give one conversation per line as "
-                                           '{"messages": [...]}' if found else
-                                           "the file is empty; give one conversation per line"))
+    raise error(f"{path}: " + ("no line is a JSON object; give one row per line as a JSON object, e.g. "
+                               '{"messages": [...]}' if found else "the file is empty; give one row per line"))
 
 
 def _column_or_error(path: Path, names: list[str]) -> str:

@@ -81,22 +81,26 @@ GGUF_SUFFIX = ".gguf"
 ENCODE_BATCH = 256
 
 
-def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
-    """The tokenizer of a local Hugging Face tokenizer directory or a ``.gguf`` checkpoint file (transformers reads
-    its tokenizer and template; needs the ``gguf`` package); refused when it has no chat template (saying how to
-    give one)."""
+def load_hf_tokenizer(path: str | Path) -> Any:
+    """The Hugging Face tokenizer of a local tokenizer directory or a ``.gguf`` checkpoint file (transformers reads a
+    GGUF's tokenizer with the ``gguf`` package)."""
     location = Path(path).expanduser()
     from transformers import AutoTokenizer
 
     if location.is_file() and location.suffix.lower() == GGUF_SUFFIX:
         _require_gguf(location)
-        tokenizer = AutoTokenizer.from_pretrained(str(location.parent), gguf_file=location.name, local_files_only=True)
-    elif location.is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(str(location), local_files_only=True)
-    else:
-        raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a directory nor a .gguf file; give a local "
-                                "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the "
-                                "target checkpoint's, or a .gguf checkpoint file")
+        return AutoTokenizer.from_pretrained(str(location.parent), gguf_file=location.name, local_files_only=True)
+    if location.is_dir():
+        return AutoTokenizer.from_pretrained(str(location), local_files_only=True)
+    raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a directory nor a .gguf file; give a local "
+                            "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the "
+                            "target checkpoint's, or a .gguf checkpoint file")
+
+
+def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
+    """:func:`load_hf_tokenizer` with its chat template; refused when it has none (saying how to give one)."""
+    location = Path(path).expanduser()
+    tokenizer = load_hf_tokenizer(location)
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = template.get("default")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 STDLIB_SOURCE = "stdlib"
 STDLIB_CHAT_SOURCE = "stdlib-chat"
-FORMATS = ("auto", "tokenized", "conversations")
+FORMATS = ("auto", "tokenized", "conversations", "text")
 INCOMPLETE_CHOICES = ("trim", "drop", "error")
 BAD_ROWS_CHOICES = ("refuse", "drop")
 NO_ANCHOR_CHOICES = ("drop", "error")
@@ -49,9 +49,10 @@ class DataConfig:
         cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
             ``~/.cache/batchlab``.
         format: ``"auto"`` (conversations when the source has a ``messages`` or ``conversations`` column and
-            no ``input_ids``), ``"tokenized"`` (``input_ids`` + ``loss_mask``) or ``"conversations"``
-            (OpenAI ``messages`` or ShareGPT ``conversations``, :mod:`harness.data.chat`).
-        tokenizer: conversations only: a local Hugging Face tokenizer directory or a ``.gguf`` file whose chat template is
+            no ``input_ids``, text when it has a ``text`` column and neither), ``"tokenized"`` (``input_ids`` +
+            ``loss_mask``), ``"conversations"`` (OpenAI ``messages`` or ShareGPT ``conversations``,
+            :mod:`harness.data.chat`) or ``"text"`` (a ``text`` column, :mod:`harness.data.text_tokenize`).
+        tokenizer: conversations and text: a local Hugging Face tokenizer directory or a ``.gguf`` file whose chat template is
             applied (``None``: the target checkpoint's own when ``target.pretrained`` is one, the embedded
             chat tokenizer for ``source=stdlib-chat``).
         incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med

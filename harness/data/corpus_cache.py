@@ -126,7 +126,11 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
     import pyarrow as pa
     from datasets.table import InMemoryTable
 
-    from harness.data.tokenizer import encode_prompt_completion, save_tokenizer, train_tokenizer
+    from harness.data.tokenizer import (
+        encode_prompt_completion,
+        save_tokenizer,
+        train_tokenizer,
+    )
 
     started = time.perf_counter()
     all_documents, corpus_meta = documents()

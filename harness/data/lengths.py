@@ -142,19 +142,26 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
     """
     if tokenizer is None:
         return load_lengths(source, column=column, split=split, progress=progress), ""
-    from harness.data.chat import SCHEMAS
+    from harness.data.chat import SCHEMAS, conversation_column
     from harness.data.chat_tokenize import conversation_lengths
     from harness.data.config import DataConfig
+    from harness.data.sources import column_names
+    from harness.data.text_tokenize import TEXT_COLUMN, text_lengths
 
     text = os.fspath(source)
     if text.startswith(PROFILE_PREFIX) or (text in PROFILES and not Path(text).exists()):
-        raise LengthsSourceError(f"--tokenizer applies to a dataset of conversations, not to the bundled profile "
-                                 f"{text!r} (already token counts); leave --tokenizer out")
-    if column is not None and column not in SCHEMAS:
+        raise LengthsSourceError(f"--tokenizer applies to a dataset of conversations or text, not to the bundled "
+                                 f"profile {text!r} (already token counts); leave --tokenizer out")
+    if column is not None and column not in (*SCHEMAS, TEXT_COLUMN):
         raise LengthsSourceError(f"--column {column!r} with --tokenizer: conversations are read from a 'messages' or "
-                                 "'conversations' column; leave --column out")
+                                 "'conversations' column and plain text from a 'text' column; leave --column out")
+    path = Path(text).expanduser()
     cache = cache_dir if cache_dir is not None else DataConfig().resolved_cache_dir()
-    lengths, words = conversation_lengths(Path(text).expanduser(), split, tokenizer, cache, bad_rows=bad_rows,
+    names = column_names(path, split) or []
+    if column == TEXT_COLUMN or (column is None and TEXT_COLUMN in names and conversation_column(names) is None):
+        lengths, words = text_lengths(path, split, tokenizer, cache, bad_rows=bad_rows, progress=progress is not False)
+        return lengths, f"{words}, tokenized by {tokenizer}"
+    lengths, words = conversation_lengths(path, split, tokenizer, cache, bad_rows=bad_rows,
                                           progress=progress is not False)
     return lengths, f"{words}, chat template of {tokenizer}"
 
@@ -326,6 +333,11 @@ def _arrow_to_lengths(
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
         values = arrow_column.to_numpy(zero_copy_only=False)
         return _to_int64(values, path, f"column {name!r}", row_word, row_base)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        raise LengthsSourceError(
+            f"{path}: column {name!r} holds text; lengths are token counts: give --tokenizer PATH (the target's "
+            "tokenizer directory or .gguf file) to count each text's tokens, or a column of token id lists or "
+            "integer lengths")
     raise LengthsSourceError(
         f"{path}: column {name!r} has type {kind}; expected a list column (its list lengths are "
         "used) or integer lengths — choose another column"

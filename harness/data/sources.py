@@ -39,7 +39,8 @@ MASK_FILE = "loss_mask.arrow"
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 SUPPORTED = (
     "'stdlib' (the embedded corpus), a directory written by datasets' save_to_disk, a .parquet file, "
-    "or a .jsonl file (one JSON object per line) with an input_ids column"
+    "or a .jsonl file (one JSON object per line) with an input_ids column (or conversations, or a text column with "
+    "data.tokenizer)"
 )
 # Rows per record batch written into the cache (datasets writes 1000).
 WRITE_BATCH_ROWS = 1000
@@ -73,6 +74,8 @@ def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
     path = path.resolve()
     if _is_conversations(path, cfg):
         return _load_conversations(path, cfg, progress, tokenizer=cfg.tokenizer)
+    if _is_text(path, cfg):
+        return _load_texts(path, cfg, progress, tokenizer=cfg.tokenizer)
     if path.is_dir():
         return _load_saved(path, cfg, progress)
     if cfg.split is not None:
@@ -110,11 +113,22 @@ def _is_conversations(path: Path, cfg: DataConfig) -> bool:
         return cfg.format == "conversations"
     from harness.data.chat import conversation_column
 
-    names = _column_names(path, cfg.split)
+    names = column_names(path, cfg.split)
     return names is not None and "input_ids" not in names and conversation_column(names) is not None
 
 
-def _column_names(path: Path, split: str | None) -> list[str] | None:
+def _is_text(path: Path, cfg: DataConfig) -> bool:
+    """``data.format=text``, or for ``auto`` whether the source has a ``text`` column and no input_ids (nor
+    conversations, which come first)."""
+    if cfg.format != "auto":
+        return cfg.format == "text"
+    from harness.data.text_tokenize import has_text_column
+
+    names = column_names(path, cfg.split)
+    return names is not None and "input_ids" not in names and has_text_column(names)
+
+
+def column_names(path: Path, split: str | None) -> list[str] | None:
     """The source's columns (the first line's keys for JSON lines); None when they cannot be read here."""
     import json
 
@@ -158,6 +172,22 @@ def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: 
     dataset = datasets.Dataset.from_file(str(arrow))
     description = (f"{meta['words']} from {path}, chat template of {meta['tokenizer']} (assistant-only loss "
                    f"mask from its {meta['mask']})")
+    return LoadedSource(dataset, description, fingerprint, tokenizer_path=meta["tokenizer"],
+                        vocab_size=int(meta["vocab_size"]))
+
+
+def _load_texts(path: Path, cfg: DataConfig, progress: bool, tokenizer: str | None) -> LoadedSource:
+    from harness.data.text_tokenize import tokenized_texts
+
+    if tokenizer is None:
+        raise DataSourceError(f"{path} holds plain text: give data.tokenizer=PATH, the target's tokenizer (a local "
+                              "Hugging Face tokenizer directory or a .gguf file), to tokenize it")
+    arrow, meta, fingerprint = tokenized_texts(Path(path), cfg.split, tokenizer, cfg.resolved_cache_dir(), progress,
+                                               cfg.bad_rows)
+    import datasets
+
+    dataset = datasets.Dataset.from_file(str(arrow))
+    description = f"{meta['words']} from {path}, tokenized by {meta['tokenizer']} (every token but the first trained)"
     return LoadedSource(dataset, description, fingerprint, tokenizer_path=meta["tokenizer"],
                         vocab_size=int(meta["vocab_size"]))
 

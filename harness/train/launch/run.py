@@ -113,9 +113,9 @@ def with_tokenizer_vocabulary(config: Any, config_dict: dict[str, Any]) -> dict[
     tokenizer_dir = config_dict["data"].get("tokenizer")
     if tokenizer_dir is None or config.target.pretrained is not None:
         return config_dict
-    from harness.data.chat_tokenize import load_chat_tokenizer
+    from harness.data.chat_tokenize import load_hf_tokenizer
 
-    size = load_chat_tokenizer(tokenizer_dir).vocab_size
+    size = len(load_hf_tokenizer(tokenizer_dir))
     configured = int(config_dict["data"]["vocab_size"])
     if size <= configured:
         return config_dict

@@ -63,6 +63,7 @@ def test_no_ablation_without_both_modes_for_two_strategies():
 def test_the_ablation_experiment_sweeps_both_modes_and_keeps_the_main_jobs_settings():
     params = sweep_params(["experiment=ablation_steps"])
     assert params["step_mode"] == "equal_tokens,fixed_accumulation" and params["strategy"] == "packed,shuffle"
+    assert list(params)[0] == "seed"  # the arms interleaved within each seed
     from train_support import compose_config
 
     main_job = compose_config(["experiment=strategies", "strategy=packed"])

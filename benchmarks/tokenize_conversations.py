@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness.data.chat import read_conversations
     from harness.data.chat_tokenize import (
         ENCODE_BATCH,
-        _turn_by_turn,
         encode_conversations,
         load_chat_tokenizer,
+        turn_by_turn_reference,
     )
 
     chat = load_chat_tokenizer(args.tokenizer)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     same_texts = sum(ids.tolist() == encoding.ids for (ids, _), encoding in
                      zip(kept[:200], backend.encode_batch(texts[:200], add_special_tokens=False)))
     reference = rows[:REFERENCE_SLICE]
-    reference_seconds = timed(lambda: [_turn_by_turn(chat, turns, where) for where, turns in reference])
+    reference_seconds = timed(lambda: [turn_by_turn_reference(chat, turns, where) for where, turns in reference])
 
     alone, ours = statistics.median(alone_seconds), statistics.median(batchlab_seconds)
     alone_rate, our_rate, old_rate = len(rows) / alone, len(rows) / ours, len(reference) / reference_seconds

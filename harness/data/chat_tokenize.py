@@ -138,7 +138,7 @@ def encode_conversations(chat: ChatTokenizer, rows: list[tuple[str, list[dict[st
         yield from (_with_markers(chat, batch) for batch in batches)
         return
     if not getattr(chat.tokenizer, "is_fast", False):  # no character offsets: rendered and tokenized turn by turn
-        yield from ([_or_bad_row(where, _turn_by_turn, chat, turns, where) for where, turns in batch]
+        yield from ([_or_bad_row(where, turn_by_turn_reference, chat, turns, where) for where, turns in batch]
                     for batch in batches)
         return
     from concurrent.futures import ThreadPoolExecutor
@@ -282,7 +282,7 @@ _NOT_EXTENDED = ("{where}, turn {index}: rendering the conversation turn by turn
                  "tokens cannot be found this way; use a template with {{% generation %}} markers")
 
 
-def _turn_by_turn(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
+def turn_by_turn_reference(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[np.ndarray, np.ndarray]:
     """The mask token by token, for a tokenizer without character offsets (and the reference the character spans
     are tested against): each turn's rendering tokenized, and each must extend the one before it."""
     def render(part: list[dict[str, str]], generation_prompt: bool = False) -> list[int]:

@@ -60,7 +60,7 @@ real-data: $(STAMP)
 # Rerunning skips the runs that are complete (an interrupted sweep resumes where it stopped).
 demo: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=strategies
-	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report
+	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report --preregistration conf/preregistration/strategies.yaml
 	@echo "report: $(CURDIR)/outputs/report/report.html (README block: outputs/report/summary.md)"
 
 # The step-mode ablation: packed and shuffle in both step modes x 3 seeds, then its report (the "Ablation"

@@ -74,8 +74,9 @@ def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source
     if plan is not None:
         from analysis.planned import planned_markdown, planned_results
 
-        try:
-            text += "\n" + planned_markdown(planned_results(runs, plan), plan, plan_source)
+        try:  # the summary opens with the verdicts; the declared plan follows it
+            text = summary_markdown(runs, plan, plan_source) + "\n" + planned_markdown(
+                planned_results(runs, plan), plan, plan_source)
         except ValueError as error:
             return fail(f"{plan_source}: {error}")
     if out is None:

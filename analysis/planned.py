@@ -251,6 +251,26 @@ def planned_frame(results: list[PlannedResult]) -> pd.DataFrame:
     } for r in results])
 
 
+def seeds_words(results: list[PlannedResult], plan: Preregistration) -> str:
+    """Which seeds the contrasts ran on, and whether they are the plan's confirmatory seeds or its pilot's."""
+    seeds = sorted({seed for r in results for seed in r.seeds})
+    listed = ", ".join(map(str, seeds))
+    if plan.confirmatory_seeds and set(seeds) <= set(plan.confirmatory_seeds):
+        return f"the confirmatory seeds ({listed})"
+    if plan.pilot_seeds and set(seeds) <= set(plan.pilot_seeds):
+        confirmatory = (f"; the confirmatory seeds {plan.confirmatory_seeds[0]}–{plan.confirmatory_seeds[-1]} are "
+                        "not in these runs" if plan.confirmatory_seeds else "")
+        return f"the pilot's seeds ({listed}), not a confirmatory test{confirmatory}"
+    return f"seeds {listed}"
+
+
+def verdict_lines(results: list[PlannedResult], plan: Preregistration, source: str) -> list[str]:
+    """The answer in words, one sentence per planned contrast (the summary's opening, pasted in the README)."""
+    heading = (f"Planned contrasts (pre-registered in `{source}`; {plan.endpoint}, {plan.better} is better, Holm over "
+               f"the {len(results)} at α = {plan.alpha:g}), on {seeds_words(results, plan)}:")
+    return [heading, "", *(f"- {r.sentence(plan.endpoint)}" for r in results)]
+
+
 def planned_markdown(results: list[PlannedResult], plan: Preregistration, source: str) -> str:
     """The planned contrasts' section: one sentence per contrast, then what was declared."""
     lines = [f"## Planned contrasts (pre-registered: `{source}`)", "",

@@ -8,7 +8,9 @@
   sweep's timings were disturbed, see :func:`analysis.stats.timing_check`);
 - the differences that survive Holm–Bonferroni over every pair of strategies and headline metric
   (:func:`analysis.stats.compare_pairs`), one line each, or a line saying that none does and why;
-- the disturbed-timing note, when it applies.
+- the disturbed-timing note, when it applies;
+- first of all, with a pre-registration, one sentence per planned contrast (its effect, interval, verdict and power:
+  the answer in words), saying whether the seeds are the confirmatory ones.
 
 Deterministic: the same ``runs.csv`` gives the same bytes.
 """
@@ -16,6 +18,7 @@ Deterministic: the same ``runs.csv`` gives the same bytes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -50,8 +53,15 @@ def read_runs_csv(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip")
 
 
-def summary_markdown(runs: pd.DataFrame) -> str:
-    """The block of the module docstring, from the per-run frame (the columns of ``runs.csv``)."""
+def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = "") -> str:
+    """The block of the module docstring, from the per-run frame (the columns of ``runs.csv``); with ``plan`` (an
+    :class:`analysis.planned.Preregistration`) it opens with one sentence per planned contrast: effect, interval,
+    verdict and power."""
+    opening: list[str] = []
+    if plan is not None:
+        from analysis.planned import planned_results, verdict_lines
+
+        opening = [*verdict_lines(planned_results(runs, plan), plan, plan_source), ""]
     per_run = runs.copy()
     per_run["relative_throughput"], reference = relative_throughput(per_run)
     per_run.attrs["reference"] = reference
@@ -66,7 +76,7 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     seeds = sorted(int(s) for s in per_run["seed"].unique())
     counts = sorted(set(table["seeds"]))
     over = f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} seeds"
-    lines = [md_table(list(formatted.columns), formatted.astype(str).values.tolist()), "",
+    lines = [*opening, md_table(list(formatted.columns), formatted.astype(str).values.tolist()), "",
              f"(mean ± s.d. over {over}, seeds {', '.join(map(str, seeds))}; × {reference} = ratio to the same "
              f"seed's {reference} run; τ real = tokens per target forward in greedy speculative decoding of held-out "
              "prompts.)", ""]
@@ -89,8 +99,8 @@ def summary_markdown(runs: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_summary(runs: pd.DataFrame, path: str | Path) -> Path:
+def write_summary(runs: pd.DataFrame, path: str | Path, plan: Any = None, plan_source: str = "") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(summary_markdown(runs))
+    path.write_text(summary_markdown(runs, plan, plan_source))
     return path

@@ -91,6 +91,10 @@ def test_the_planned_family_is_read_from_the_file_and_a_contrast_added_there_is_
     assert "Holm over the 5 planned contrasts only" in out
     for contrast in load_preregistration(extended).contrasts:
         assert f"- {contrast.name} ({contrast.kind}" in out, contrast
+    # the summary opens with the answer in words, and says these seeds are the pilot's, not a confirmatory test
+    assert out.startswith(f"Planned contrasts (pre-registered in `{extended}`; final_eval_loss, lower is better, "
+                          "Holm over the 5 at α = 0.05), on the pilot's seeds (0, 1, 2), not a confirmatory test")
+    assert out.index("- length_grouped vs sorted (superiority)") < out.index("| strategy |")
 
 
 def test_the_committed_margin_and_seed_count_follow_from_the_pilot():

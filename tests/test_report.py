@@ -232,7 +232,13 @@ def test_the_readme_result_block_is_the_demo_reports_summary():
     start, end = "<!-- summary.md of make demo (docs/demo/runs.csv) -->\n", "<!-- end of summary.md -->"
     assert start in readme and end in readme, "the README's result block markers are missing"
     block = readme.split(start, 1)[1].split(end, 1)[0]
-    assert block.strip() == summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv")).strip()
+    from analysis.planned import load_preregistration
+
+    source = "conf/preregistration/strategies.yaml"  # make demo's report is built with it: the block opens with it
+    plan = load_preregistration(support.REPO / source)
+    rendered = summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv"), plan, source)
+    assert block.strip() == rendered.strip()
+    assert block.startswith("Planned contrasts (pre-registered in") and block.count("**inconclusive") == 4
 
 
 def test_the_figures_plot_the_tables_numbers(sweep_dir, report):

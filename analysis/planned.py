@@ -194,6 +194,9 @@ def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[Planne
     if plan.endpoint not in per_run.columns:
         raise ValueError(f"the preregistered endpoint {plan.endpoint!r} is not a column of the runs "
                          f"({sorted(per_run.columns)[:12]} ...)")
+    confirmatory = per_run["seed"].isin(plan.confirmatory_seeds)
+    if confirmatory.any():  # a sweep holding confirmatory runs is tested on them alone (never on the pilot's too)
+        per_run = per_run[confirmatory]
     rows = []
     for contrast in plan.contrasts:
         seeds, values_a, values_b = paired_values(per_run, plan.endpoint, contrast.a, contrast.b)
@@ -255,13 +258,15 @@ def seeds_words(results: list[PlannedResult], plan: Preregistration) -> str:
     """Which seeds the contrasts ran on, and whether they are the plan's confirmatory seeds or its pilot's."""
     seeds = sorted({seed for r in results for seed in r.seeds})
     listed = ", ".join(map(str, seeds))
-    if plan.confirmatory_seeds and set(seeds) <= set(plan.confirmatory_seeds):
-        return f"the confirmatory seeds ({listed})"
+    declared = sorted(plan.confirmatory_seeds)
+    if declared and set(seeds) <= set(declared):
+        if len(seeds) == len(declared):
+            return f"the confirmatory seeds ({listed})"
+        return f"{len(seeds)} of the {len(declared)} confirmatory seeds ({listed}; the others are not in these runs)"
     if plan.pilot_seeds and set(seeds) <= set(plan.pilot_seeds):
-        confirmatory = (f"; the confirmatory seeds {plan.confirmatory_seeds[0]}–{plan.confirmatory_seeds[-1]} are "
-                        "not in these runs" if plan.confirmatory_seeds else "")
-        return f"the pilot's seeds ({listed}), not a confirmatory test{confirmatory}"
-    return f"seeds {listed}"
+        missing = f"; the confirmatory seeds ({', '.join(map(str, declared))}) are not in these runs" if declared else ""
+        return f"the pilot's seeds ({listed}), not a confirmatory test{missing}"
+    return f"seeds {listed}, neither the plan's pilot nor its confirmatory seeds"
 
 
 def verdict_lines(results: list[PlannedResult], plan: Preregistration, source: str) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 
 import numpy as np
@@ -638,3 +639,13 @@ def test_every_column_of_the_advice_table_is_explained_in_the_docs():
     fields = {field.name for field in dataclasses.fields(Prediction)}
     for title, field, _ in advise_cli.TABLE_COLUMNS:
         assert field in fields and rows.get(title) == f"`{field}`", (title, rows.get(title))
+
+
+def test_a_calibration_names_the_vocabulary_it_ran_at_only_for_a_random_weight_target():
+    stored = stored_calibration()
+    assert stored.vocab_size is None  # an older calibration records nothing
+    random_weights = dataclasses_replace(stored, measured_on={"target": {"vocab_size": 49_152}})
+    assert random_weights.vocab_size == 49_152
+    pretrained = dataclasses_replace(stored, measured_on={"target": {"vocab_size": 1024, "pretrained": "/ckpt"}})
+    assert pretrained.vocab_size is None  # the checkpoint's own vocabulary, not the composed config's value
+    assert cal.Calibration.from_json({k: v for k, v in stored.to_json().items() if k != "measured_on"}) == stored

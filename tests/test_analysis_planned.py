@@ -132,3 +132,21 @@ def test_a_preregistration_it_cannot_use_is_refused_naming_the_key(tmp_path, cha
     with pytest.raises(ValueError, match=message):
         load_preregistration(path)
     assert main(["--from-runs-csv", str(PILOT), "--preregistration", str(path)]) == 2
+
+
+def test_a_sweep_with_confirmatory_runs_is_tested_on_them_alone_and_says_how_many():
+    """Pilot seeds beside confirmatory ones: the contrasts use the confirmatory seeds only, and the summary says how
+    many of the declared ones ran (never a pooled test of pilot and confirmatory runs)."""
+    from analysis.planned import seeds_words
+
+    frame = runs({"a": [1.0, 1.1, 0.9, 5.0, 5.2, 4.9], "b": [2.0, 2.2, 1.9, 5.1, 5.0, 5.3]})
+    frame["seed"] = frame["seed"].map({0: 0, 1: 1, 2: 2, 3: 100, 4: 101, 5: 102})
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (Contrast("a", "b", "superiority"),), (0, 1, 2),
+                           tuple(range(100, 110)))
+    (result,) = planned_results(frame, plan)
+    assert result.seeds == (100, 101, 102)
+    assert result.mean_difference == pytest.approx(np.mean([5.0 - 5.1, 5.2 - 5.0, 4.9 - 5.3]))
+    assert seeds_words([result], plan) == "3 of the 10 confirmatory seeds (100, 101, 102; the others are not in these runs)"
+    pilot_only = frame[frame["seed"] < 100]
+    (pilot,) = planned_results(pilot_only, plan)
+    assert pilot.seeds == (0, 1, 2) and seeds_words([pilot], plan).startswith("the pilot's seeds (0, 1, 2), not a")

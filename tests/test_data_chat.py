@@ -127,8 +127,8 @@ def test_turn_by_turn_refuses_a_template_that_rewrites_earlier_turns(chat_tokeni
         "{{- message['content'] + '<|im_end|>' -}}",
         "{{- (message['content'] if loop.last else 'earlier reply') + '<|im_end|>' -}}")
     tokenizer_dir = with_template(chat_tokenizer, tmp_path / "rewriting", rewriting)
-    # the next reply (turn 4) finds the first (turn 2) rewritten in its rendering
-    with pytest.raises(ConversationError, match=r"line 1, turn 4: rendering the conversation turn by turn does not "
+    # the first reply (turn 2) is rendered otherwise in the whole conversation, where it is not the last
+    with pytest.raises(ConversationError, match=r"line 1, turn 2: rendering the conversation turn by turn does not "
                                                 r"extend the turns before it.*generation %\} markers"):
         load(write([{"messages": CONVERSATION}], tmp_path / "data.jsonl"), tokenizer_dir)
 
@@ -188,6 +188,30 @@ def test_character_span_masks_equal_the_token_by_token_reference(chat_tokenizer,
     assert isinstance(batched[2], BadRow) and "row 9: the chat template refused" in str(batched[2])
     for got, want in zip(batched[:2] + batched[3:], [alone(strict_chat, row) for row in alternating], strict=True):
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_a_tokenizer_json_that_pads_and_trims_offsets_changes_nothing(chat_tokenizer, tmp_path):
+    """A tokenizer.json may switch on padding (and truncation) and trim a byte-level token's leading space from its
+    offsets: the batched path encodes each conversation alone, with untrimmed offsets, so its ids and masks still
+    equal the reference's (no pad token trained on, a reply that starts with a space kept)."""
+    from tokenizers import Tokenizer, processors
+
+    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
+
+    plain = with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE)
+    backend = Tokenizer.from_file(str(plain / "tokenizer.json"))
+    backend.enable_padding(pad_id=0, pad_token="<|pad|>")
+    backend.enable_truncation(max_length=4096)
+    backend.post_processor = processors.ByteLevel(trim_offsets=True)
+    backend.save(str(plain / "tokenizer.json"))
+    chat = load_chat_tokenizer(plain)
+    assert chat.tokenizer.backend_tokenizer.padding is not None  # the library keeps the file's settings
+    rows = [("short", [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " spaced reply"}]),
+            ("long", CONVERSATION)]
+    (batched,) = list(encode_conversations(chat, rows))
+    for (where, turns), (ids, mask) in zip(rows, batched, strict=True):
+        want_ids, want_mask = turn_by_turn_reference(chat, turns, where)
+        assert ids.tolist() == want_ids.tolist() and mask.tolist() == want_mask.tolist(), where
 
 
 def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where_installed():

@@ -103,3 +103,13 @@ def test_a_random_weight_target_takes_the_text_tokenizers_vocabulary(plain_token
 
     size = len(AutoTokenizer.from_pretrained(str(plain_tokenizer), local_files_only=True))
     assert config["data"]["vocab_size"] == config["target"]["vocab_size"] == size > 1024  # no chat template needed
+
+
+def test_a_tokenizer_over_a_source_with_input_ids_is_refused(plain_tokenizer, tmp_path, capsys):
+    """A run trains on a source's input_ids when it has them: planning its text with --tokenizer would count other
+    tokens, so the combination is refused, naming the fix."""
+    from harness.cli.plan import main as plan_main
+
+    path = write_lines(tmp_path / "both.jsonl", [json.dumps({"input_ids": [1, 2, 3], "text": t}) for t in TEXTS])
+    assert plan_main(["--lengths", str(path), "--tokenizer", str(plain_tokenizer), "--epochs", "1"]) == 2
+    assert "has an input_ids column: a training run uses those token ids" in capsys.readouterr().err

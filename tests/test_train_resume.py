@@ -188,3 +188,25 @@ def test_a_run_that_failed_before_its_first_checkpoint_claims_nothing(tmp_path, 
     assert (run_dir / "train.log").read_bytes() == log_before
     assert {name: (run_dir / ("" if name.endswith((".json", ".jsonl")) else ".hydra") / name).read_text()
             for name in kept} == kept
+
+
+def test_a_refused_runs_directory_is_removed_only_when_it_holds_nothing_else(tmp_path, monkeypatch):
+    """What bad input found before a run claims its directory removes: the directory Hydra made (only .hydra and the
+    log in it) and the empty folders above it up to the working directory; never the working directory itself or a
+    folder above it, never a directory holding anything else."""
+    from harness.cli.train import _remove_unclaimed
+
+    monkeypatch.chdir(tmp_path)
+    made = tmp_path / "outputs" / "train" / "day" / "run"
+    (made / ".hydra").mkdir(parents=True)
+    (made / "train.log").write_text("x")
+    _remove_unclaimed(made, made / ".hydra", made / "train.log")
+    assert not (tmp_path / "outputs").exists() and tmp_path.is_dir()
+    (tmp_path / ".hydra").mkdir()
+    _remove_unclaimed(tmp_path, tmp_path / ".hydra", tmp_path / "train.log")  # hydra.run.dir=. : the cwd stays
+    assert (tmp_path / ".hydra").is_dir()
+    kept = tmp_path / "mine"
+    (kept / ".hydra").mkdir(parents=True)
+    (kept / "notes.txt").write_text("a user's file")
+    _remove_unclaimed(kept, kept / ".hydra", kept / "train.log")
+    assert (kept / "notes.txt").read_text() == "a user's file"

@@ -112,7 +112,8 @@ class Calibration:
     @property
     def vocab_size(self) -> int | None:
         """The target's vocabulary the calibration ran at (None: a checkpoint's own, or an older calibration)."""
-        return ((self.measured_on or {}).get("target") or {}).get("vocab_size")
+        target = (self.measured_on or {}).get("target") or {}
+        return None if target.get("pretrained") else target.get("vocab_size")
 
     def stage_costs(self) -> tuple[Any, Any]:
         """``(target, drafter)`` :class:`~harness.advise.stages.StageCost` of the stage fits (seconds)."""

@@ -202,17 +202,17 @@ def advise(args: argparse.Namespace) -> int:
     except HydraException as error:  # a value Hydra cannot parse or type (--set, or a run's drafter)
         given = " ".join(f"--set {o}" for o in args.overrides) if args.overrides else f"--drafter {args.drafter}"
         raise ValueError(f"{given}: {' '.join(str(error).split())}") from None
-    if args.tokenizer is not None:  # a random-weight target calibrated at the data's vocabulary, as a run builds it
-        from harness.train.launch.run import with_tokenizer_vocabulary
-
-        config = with_tokenizer_vocabulary(run_config_from_dict(config),
-                                           {**config, "data": {**config["data"], "tokenizer": args.tokenizer}})
     if drafter_section is not None:
         try:
             run_config_from_dict(config)
         except ValueError as error:
             raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
                              f"{target_name}: {error}") from None
+    if args.tokenizer is not None:  # a random-weight target calibrated at the data's vocabulary, as a run builds it
+        from harness.train.launch.run import with_tokenizer_vocabulary
+
+        config = with_tokenizer_vocabulary(run_config_from_dict(config),
+                                           {**config, "data": {**config["data"], "tokenizer": args.tokenizer}})
     # CPU ranks share this machine and are measured together (cores and the gradients' all-reduce shared), each
     # with its own copy of the target, up to one a core (more ranks than cores are simulated sharing them)
     local_ranks = calibration_ranks(args.world_size, args.device)

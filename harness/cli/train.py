@@ -67,13 +67,19 @@ def _remove_unclaimed(run_dir: Path, hydra_dir: Path, log: Path) -> None:
     """Remove the directory of a run refused before it claimed it when it holds only what Hydra wrote for this job
     (its ``.hydra`` files and job log), and the folders above it left empty (``outputs/train/DATE``), up to the
     working directory: bad input leaves nothing behind. A directory holding anything else stays as it is."""
+    here, run_dir = Path.cwd().resolve(), run_dir.resolve()
+    if run_dir == here or run_dir in here.parents:  # never the working directory or a folder above it
+        return
     if not run_dir.is_dir() or any(path.name not in (hydra_dir.name, log.name) for path in run_dir.iterdir()):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
-    here, folder = Path.cwd().resolve(), run_dir.resolve().parent
-    while here in folder.parents and not any(folder.iterdir()):
-        folder.rmdir()
-        folder = folder.parent
+    folder = run_dir.parent
+    try:
+        while here in folder.parents and not any(folder.iterdir()):
+            folder.rmdir()
+            folder = folder.parent
+    except OSError:  # another run wrote into it meanwhile: it stays
+        pass
 
 
 def _launcher_rank() -> int:

@@ -52,6 +52,7 @@ class ChatTokenizer:
     path: Path
     method: str
     template: str = ""
+    backend: Any = None  # plain_backend(tokenizer): what the batched path encodes with
 
     @property
     def template_variables(self) -> dict[str, str]:
@@ -109,7 +110,23 @@ def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
             f"data.tokenizer={str(path)!r} has no chat template; add one (a chat_template.jinja file, or "
             "\"chat_template\" in tokenizer_config.json: the target model's own template), or point "
             "data.tokenizer at a tokenizer that has one")
-    return ChatTokenizer(tokenizer, location, MARKERS if _GENERATION.search(template) else TURN_BY_TURN, template)
+    return ChatTokenizer(tokenizer, location, MARKERS if _GENERATION.search(template) else TURN_BY_TURN, template,
+                         plain_backend(tokenizer, post_processor=False) if getattr(tokenizer, "is_fast", False) else None)
+
+
+def plain_backend(tokenizer: Any, post_processor: bool = True) -> Any:
+    """A copy of a fast tokenizer's Rust tokenizer that encodes each text alone, as ``apply_chat_template`` does: no
+    padding or truncation a ``tokenizer.json`` may switch on. Without its post-processor (``post_processor=False``,
+    for encoding without special tokens, which is then all it would do) its offsets are the untrimmed ones (a
+    byte-level post-processor trims a token's leading space from its offsets)."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    if not post_processor:
+        backend.post_processor = None
+    return backend
 
 
 def _require_gguf(location: Path) -> None:
@@ -150,8 +167,7 @@ def encode_conversations(chat: ChatTokenizer, rows: list[tuple[str, list[dict[st
             if pending is not None:
                 yield _masked_batch(*pending)
             rendered = [outcome for outcome in outcomes if not isinstance(outcome, BadRow)]
-            tokenized = pool.submit(chat.tokenizer.backend_tokenizer.encode_batch, [text for text, _ in rendered],
-                                    add_special_tokens=False)
+            tokenized = pool.submit(chat.backend.encode_batch, [text for text, _ in rendered], add_special_tokens=False)
             pending = (batch, outcomes, tokenized)
         if pending is not None:
             yield _masked_batch(*pending)
@@ -214,8 +230,9 @@ def _rendered_batch(chat: ChatTokenizer, batch: list[tuple[str, list[dict[str, s
     """Each conversation of ``batch`` rendered whole, with the character span of each assistant turn (what its
     rendering adds after the turns before it with the generation prompt: the role header is not trained on), or the
     :class:`BadRow` of a conversation the template refused. Only the renderings around assistant turns are made (the
-    mask depends on no other), all of a batch in two calls of the library's renderer (one per generation prompt
-    setting; a batch holding a refused conversation is rendered one by one to name it)."""
+    mask depends on no other), by the library's renderer, one conversation at a time (only the lengths of its
+    prefixes are kept: a long conversation's renderings grow with the square of its turns); a batch holding a
+    refused conversation is rendered again one conversation at a time to name it."""
     try:
         return _rendered(chat, batch)
     except TemplateError:
@@ -230,27 +247,22 @@ def _rendered(chat: ChatTokenizer, batch: list[tuple[str, list[dict[str, str]]]]
                                             add_generation_prompt=generation_prompt, **chat.template_variables)
         return rendered
 
-    replies = [[index for index, turn in enumerate(turns) if turn["role"] == "assistant"] for _, turns in batch]
-    befores = iter(render([turns[:index] for (_, turns), indices in zip(batch, replies) for index in indices
-                           if index], generation_prompt=True))
-    afters = iter(render([turns[:index + 1] for (_, turns), indices in zip(batch, replies) for index in indices]
-                         + [turns for _, turns in batch if turns[-1]["role"] != "assistant"], generation_prompt=False))
     out = []
-    for (where, turns), indices in zip(batch, replies, strict=True):
-        text, spans = "", []
-        for index in indices:
-            before, after = next(befores) if index else "", next(afters)
-            if not before.startswith(text) or not after.startswith(before):
+    for where, turns in batch:  # one conversation's renderings at a time: only their lengths are kept
+        replies = [index for index, turn in enumerate(turns) if turn["role"] == "assistant"]
+        whole = render([turns], generation_prompt=False)[0]
+        befores = render([turns[:index] for index in replies if index], generation_prompt=True)
+        afters = render([turns[:index + 1] for index in replies], generation_prompt=False)
+        befores = iter(befores)
+        end, spans = 0, []
+        for index, after in zip(replies, afters, strict=True):
+            before = next(befores) if index else ""
+            # each rendering a prefix of the whole, each longer than the one before: each extends the one before
+            if not (end <= len(before) <= len(after) and whole.startswith(before) and whole.startswith(after)):
                 raise ConversationError(_NOT_EXTENDED.format(where=where, index=index))
             spans.append((len(before), len(after)))
-            text = after
-        out.append((text, _Turns(spans, indices)))
-    for position, (where, turns) in enumerate(batch):
-        if turns[-1]["role"] != "assistant":  # the turns after the last reply (read_conversations trims these)
-            whole = next(afters)
-            if not whole.startswith(out[position][0]):
-                raise ConversationError(_NOT_EXTENDED.format(where=where, index=len(turns) - 1))
-            out[position] = (whole, out[position][1])
+            end = len(after)
+        out.append((whole, _Turns(spans, replies)))
     return out
 
 

@@ -158,6 +158,9 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
     path = Path(text).expanduser()
     cache = cache_dir if cache_dir is not None else DataConfig().resolved_cache_dir()
     names = column_names(path, split) or []
+    if "input_ids" in names:  # a run trains on them (data.format=auto): their lengths are the ones to plan
+        raise LengthsSourceError(f"{path} has an input_ids column: a training run uses those token ids, so their "
+                                 "lengths are the ones to plan; leave --tokenizer out")
     if column == TEXT_COLUMN or (column is None and TEXT_COLUMN in names and conversation_column(names) is None):
         lengths, words = text_lengths(path, split, tokenizer, cache, bad_rows=bad_rows, progress=progress is not False)
         return lengths, f"{words}, tokenized by {tokenizer}"

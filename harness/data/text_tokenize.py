@@ -93,7 +93,7 @@ def _checked(value: Any, where: str) -> str:
 def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, cache_dir: Path,
                     progress: bool = True, bad_rows: str = "refuse") -> tuple[Path, dict, str]:
     """The cached Arrow file of ``path``'s texts tokenized: ``(file, meta, fingerprint)``."""
-    from harness.data.chat_tokenize import load_hf_tokenizer
+    from harness.data.chat_tokenize import load_hf_tokenizer, plain_backend
 
     location = Path(tokenizer_path).expanduser()
     signature = cache.file_signature(location) if location.is_file() else cache.tree_signature(location)
@@ -107,7 +107,7 @@ def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, c
 
         texts = read_texts(path, split, bad_rows)  # refuses before tokenizing
         tokenizer = load_hf_tokenizer(location)
-        backend = tokenizer.backend_tokenizer
+        backend = plain_backend(tokenizer)  # each text alone: no padding or truncation a tokenizer.json switches on
         parts: list[np.ndarray] = []
         with tqdm(total=len(texts.rows), desc=f"tokenize {path.name}", unit=" texts", disable=not progress,
                   leave=False) as bar:

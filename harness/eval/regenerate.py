@@ -267,11 +267,11 @@ def regenerate(
     Conversations stop each regenerated turn at their chat tokenizer's end-of-turn token unless
     ``settings.eos_id`` says otherwise."""
     samples = samples if samples is not None else load_samples(data, progress=progress)
-    chat_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
-    if settings.eos_id is None and chat_tokenizer and (chat_tokenizer.is_dir() or chat_tokenizer.suffix.lower() == GGUF_SUFFIX):
-        from harness.data.chat_tokenize import load_chat_tokenizer
+    user_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
+    if settings.eos_id is None and user_tokenizer and (user_tokenizer.is_dir() or user_tokenizer.suffix.lower() == GGUF_SUFFIX):
+        from harness.data.chat_tokenize import load_hf_tokenizer
 
-        eos = load_chat_tokenizer(chat_tokenizer).tokenizer.eos_token_id  # a directory's or a GGUF file's
+        eos = load_hf_tokenizer(user_tokenizer).eos_token_id  # a directory's or a GGUF file's, template or not
         settings = dataclasses.replace(settings, eos_id=eos)
     key = cache.digest({
         "format": FORMAT_VERSION, "data": samples.fingerprint, "target": target_identity(target_spec),

@@ -347,6 +347,8 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert all(v in printed for v in frame["verdict"])
     report_text = (out / "report.md").read_text()
     assert report_text.index("## Planned contrasts") < report_text.index("## Statistical comparison")
+    summary = (out / "summary.md").read_text()  # the README's block opens with the same verdicts
+    assert summary.startswith("Planned contrasts (pre-registered in") and all(v in summary for v in frame["verdict"])
     declared["contrasts"].append({"a": "fastest", "b": strategies[0], "kind": "superiority"})
     plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
     assert main([str(sweep_dir), "--out", str(tmp_path / "refused"), "--preregistration", str(plan)]) == 2

@@ -194,19 +194,19 @@ def test_a_refused_runs_directory_is_removed_only_when_it_holds_nothing_else(tmp
     """What bad input found before a run claims its directory removes: the directory Hydra made (only .hydra and the
     log in it) and the empty folders above it up to the working directory; never the working directory itself or a
     folder above it, never a directory holding anything else."""
-    from harness.cli.train import _remove_unclaimed
+    from harness.cli.train import remove_unclaimed
 
     monkeypatch.chdir(tmp_path)
     made = tmp_path / "outputs" / "train" / "day" / "run"
     (made / ".hydra").mkdir(parents=True)
     (made / "train.log").write_text("x")
-    _remove_unclaimed(made, made / ".hydra", made / "train.log")
+    remove_unclaimed(made, made / ".hydra", made / "train.log")
     assert not (tmp_path / "outputs").exists() and tmp_path.is_dir()
     (tmp_path / ".hydra").mkdir()
-    _remove_unclaimed(tmp_path, tmp_path / ".hydra", tmp_path / "train.log")  # hydra.run.dir=. : the cwd stays
+    remove_unclaimed(tmp_path, tmp_path / ".hydra", tmp_path / "train.log")  # hydra.run.dir=. : the cwd stays
     assert (tmp_path / ".hydra").is_dir()
     kept = tmp_path / "mine"
     (kept / ".hydra").mkdir(parents=True)
     (kept / "notes.txt").write_text("a user's file")
-    _remove_unclaimed(kept, kept / ".hydra", kept / "train.log")
+    remove_unclaimed(kept, kept / ".hydra", kept / "train.log")
     assert (kept / "notes.txt").read_text() == "a user's file"

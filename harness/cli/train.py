@@ -63,7 +63,7 @@ def _refusal_log() -> Path:
     return Path(name)
 
 
-def _remove_unclaimed(run_dir: Path, hydra_dir: Path, log: Path) -> None:
+def remove_unclaimed(run_dir: Path, hydra_dir: Path, log: Path) -> None:
     """Remove the directory of a run refused before it claimed it when it holds only what Hydra wrote for this job
     (its ``.hydra`` files and job log), and the folders above it left empty (``outputs/train/DATE``), up to the
     working directory: bad input leaves nothing behind. A directory holding anything else stays as it is."""
@@ -126,7 +126,7 @@ def main(cfg: DictConfig) -> float | None:
             # files, one Hydra made for this run is removed (nothing written), and the traceback goes to a file of
             # its own
             if _launcher_rank() == 0 and not _restore_hydra_files(hydra_dir):
-                _remove_unclaimed(Path(run_dir), hydra_dir, log)
+                remove_unclaimed(Path(run_dir), hydra_dir, log)
             log = _refusal_log()
         with log.open("a") as file:
             traceback.print_exception(bad, file=file)

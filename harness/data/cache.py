@@ -54,6 +54,11 @@ def tree_signature(root: Path) -> list:
     return entries
 
 
+def path_signature(path: Path) -> list:
+    """:func:`tree_signature` of a directory, :func:`file_signature` of a file."""
+    return tree_signature(path) if path.is_dir() else file_signature(path)
+
+
 def entry_path(cache_dir: Path, prefix: str, key: str) -> Path:
     return cache_dir / f"{prefix}-{key}"
 

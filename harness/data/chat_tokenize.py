@@ -19,6 +19,7 @@ like those :mod:`harness.data.chat` finds: all of them are reported together, or
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,17 +86,26 @@ ENCODE_BATCH = 256
 def load_hf_tokenizer(path: str | Path) -> Any:
     """The Hugging Face tokenizer of a local tokenizer directory or a ``.gguf`` checkpoint file (transformers reads a
     GGUF's tokenizer with the ``gguf`` package)."""
-    location = Path(path).expanduser()
-    from transformers import AutoTokenizer
-
+    location = Path(path).expanduser().resolve()
     if location.is_file() and location.suffix.lower() == GGUF_SUFFIX:
         _require_gguf(location)
-        return AutoTokenizer.from_pretrained(str(location.parent), gguf_file=location.name, local_files_only=True)
-    if location.is_dir():
-        return AutoTokenizer.from_pretrained(str(location), local_files_only=True)
+    if location.is_dir() or (location.is_file() and location.suffix.lower() == GGUF_SUFFIX):
+        # one load per process while the files are unchanged: a run asks for it while checking its config (twice)
+        # and again for its data, and a GGUF file takes seconds to read
+        return _loaded_tokenizer(str(location), cache.digest(cache.path_signature(location)))
     raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a directory nor a .gguf file; give a local "
                             "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the "
                             "target checkpoint's, or a .gguf checkpoint file")
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_tokenizer(location: str, signature: str) -> Any:
+    from transformers import AutoTokenizer
+
+    path = Path(location)
+    if path.is_file():
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(location, local_files_only=True)
 
 
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
@@ -137,11 +147,6 @@ def _require_gguf(location: Path) -> None:
                                 "gguf package: pip install gguf")
 
 
-def tokenizer_signature(chat: ChatTokenizer) -> dict:
-    """What a cache entry built with ``chat`` depends on: the directory's files, or the GGUF file."""
-    return cache.file_signature(chat.path) if chat.path.is_file() else cache.tree_signature(chat.path)
-
-
 def encode_conversations(chat: ChatTokenizer, rows: list[tuple[str, list[dict[str, str]]]],
                          batch_size: int = ENCODE_BATCH) -> Iterator[list[tuple[np.ndarray, np.ndarray] | BadRow]]:
     """For each batch of ``rows`` (``(where, turns)``), in order: ``(input_ids, loss_mask)`` of each conversation
@@ -177,14 +182,6 @@ def _masked_batch(batch: list[tuple[str, list[dict[str, str]]]], outcomes: list,
     encodings = iter(tokenized.result())
     return [outcome if isinstance(outcome, BadRow) else _masked(*outcome, next(encodings), where)
             for (where, _), outcome in zip(batch, outcomes, strict=True)]
-
-
-def encode_conversation(chat: ChatTokenizer, turns: list[dict[str, str]], where: str) -> tuple[list[int], list[int]]:
-    """``(input_ids, loss_mask)`` of one conversation, as lists (:func:`encode_conversations` for many)."""
-    ((outcome,),) = encode_conversations(chat, [(where, turns)])
-    if isinstance(outcome, BadRow):
-        raise outcome
-    return outcome[0].tolist(), outcome[1].tolist()
 
 
 def _or_bad_row(where: str, encode, *args):
@@ -322,13 +319,11 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
                             cache_dir: Path, progress: bool = True, bad_rows: str = "refuse") -> tuple[Path, dict, str]:
     """The cached Arrow file of ``path``'s conversations tokenized: ``(file, meta, fingerprint)``."""
     chat = load_chat_tokenizer(tokenizer_dir)
-    source = cache.tree_signature(path) if path.is_dir() else cache.file_signature(path)
-    fingerprint = cache.digest({"format": FORMAT_VERSION, "source": source, "split": split,
-                                "tokenizer": tokenizer_signature(chat), "incomplete": incomplete,
+    fingerprint = cache.digest({"format": FORMAT_VERSION, "source": cache.path_signature(path), "split": split,
+                                "tokenizer": cache.path_signature(chat.path), "incomplete": incomplete,
                                 "bad_rows": bad_rows})
 
     def build(tmp: Path) -> dict:
-        import pyarrow as pa
         from tqdm import tqdm
 
         conversations = read_conversations(path, split, incomplete, bad_rows)  # refuses before tokenizing
@@ -349,14 +344,7 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
             raise ConversationError(conversations.bad.report(path, conversations.read, "found while tokenizing"))
         if not id_parts:
             raise ConversationError(f"{path}: no conversation is left ({conversations.words()})")
-        offsets = np.zeros(len(id_parts) + 1, dtype=np.int64)
-        np.cumsum([part.size for part in id_parts], out=offsets[1:])
-        offsets_array = pa.array(offsets)
-        table = pa.table({
-            "input_ids": pa.LargeListArray.from_arrays(offsets_array, pa.array(np.concatenate(id_parts))),
-            "loss_mask": pa.LargeListArray.from_arrays(offsets_array, pa.array(np.concatenate(mask_parts)))})
-        with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+        write_samples(tmp / DATA_FILE, id_parts, mask_parts)
         return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed,
                 "bad": conversations.bad.counts,
                 "dropped": conversations.dropped, "schema": conversations.schema, "mask": chat.method,
@@ -372,11 +360,32 @@ def conversation_lengths(path: Path, split: str | None, tokenizer_dir: str | Pat
     """The token count of every conversation of ``path`` rendered whole with the tokenizer's chat template (the
     cache :func:`tokenized_conversations` builds for training, so a plan and a run count the same tokens), and
     what was read (kept, trimmed, dropped)."""
+    arrow, meta, _ = tokenized_conversations(path, split, tokenizer_dir, incomplete, cache_dir, progress, bad_rows)
+    return sample_lengths(arrow), meta["words"]
+
+
+def write_samples(path: Path, id_parts: list[np.ndarray], mask_parts: list[np.ndarray] | None = None) -> None:
+    """One Arrow stream file of ``input_ids`` (int32) and ``loss_mask`` (int8) rows, one per part; without
+    ``mask_parts`` every token is supervised but the first (:func:`~harness.data.sources.default_loss_mask`)."""
+    import pyarrow as pa
+
+    from harness.data.sources import default_loss_mask
+
+    offsets = np.zeros(len(id_parts) + 1, dtype=np.int64)
+    np.cumsum([part.size for part in id_parts], out=offsets[1:])
+    ids = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(id_parts).astype(np.int32)))
+    mask = (default_loss_mask(ids) if mask_parts is None else
+            pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(mask_parts).astype(np.int8))))
+    table = pa.table({"input_ids": ids, "loss_mask": mask})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def sample_lengths(arrow: Path) -> np.ndarray:
+    """The int64 length of every row of a file :func:`write_samples` wrote."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arrow, meta, _ = tokenized_conversations(path, split, tokenizer_dir, incomplete, cache_dir, progress, bad_rows)
     with pa.memory_map(str(arrow)) as source:
         ids = pa.ipc.open_stream(source).read_all().column("input_ids")
-    lengths = np.ascontiguousarray(pc.list_value_length(ids).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return lengths, meta["words"]
+    return np.ascontiguousarray(pc.list_value_length(ids).to_numpy(zero_copy_only=False), dtype=np.int64)

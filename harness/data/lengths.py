@@ -142,10 +142,10 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
     """
     if tokenizer is None:
         return load_lengths(source, column=column, split=split, progress=progress), ""
-    from harness.data.chat import SCHEMAS, conversation_column
+    from harness.data.chat import SCHEMAS
     from harness.data.chat_tokenize import conversation_lengths
     from harness.data.config import DataConfig
-    from harness.data.sources import column_names
+    from harness.data.sources import column_names, detected_format
     from harness.data.text_tokenize import TEXT_COLUMN, text_lengths
 
     text = os.fspath(source)
@@ -157,11 +157,11 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
                                  "'conversations' column and plain text from a 'text' column; leave --column out")
     path = Path(text).expanduser()
     cache = cache_dir if cache_dir is not None else DataConfig().resolved_cache_dir()
-    names = column_names(path, split) or []
-    if "input_ids" in names:  # a run trains on them (data.format=auto): their lengths are the ones to plan
+    detected = detected_format(column_names(path, split) or [])  # what a training run (data.format=auto) takes it for
+    if detected == "tokenized":  # a run trains on them: their lengths are the ones to plan
         raise LengthsSourceError(f"{path} has an input_ids column: a training run uses those token ids, so their "
                                  "lengths are the ones to plan; leave --tokenizer out")
-    if column == TEXT_COLUMN or (column is None and TEXT_COLUMN in names and conversation_column(names) is None):
+    if column == TEXT_COLUMN or (column is None and detected == "text"):
         lengths, words = text_lengths(path, split, tokenizer, cache, bad_rows=bad_rows, progress=progress is not False)
         return lengths, f"{words}, tokenized by {tokenizer}"
     lengths, words = conversation_lengths(path, split, tokenizer, cache, bad_rows=bad_rows,

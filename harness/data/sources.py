@@ -109,23 +109,33 @@ def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
 # -- conversations -------------------------------------------------------------------------------
 def _is_conversations(path: Path, cfg: DataConfig) -> bool:
     """``data.format``, or for ``auto`` whether the source has a conversation column and no input_ids."""
-    if cfg.format != "auto":
-        return cfg.format == "conversations"
-    from harness.data.chat import conversation_column
-
-    names = column_names(path, cfg.split)
-    return names is not None and "input_ids" not in names and conversation_column(names) is not None
+    return _format_of(path, cfg) == "conversations"
 
 
 def _is_text(path: Path, cfg: DataConfig) -> bool:
     """``data.format=text``, or for ``auto`` whether the source has a ``text`` column and no input_ids (nor
     conversations, which come first)."""
+    return _format_of(path, cfg) == "text"
+
+
+def _format_of(path: Path, cfg: DataConfig) -> str | None:
     if cfg.format != "auto":
-        return cfg.format == "text"
+        return cfg.format
+    names = column_names(path, cfg.split)
+    return None if names is None else detected_format(names)
+
+
+def detected_format(names: list[str]) -> str | None:
+    """What ``data.format=auto`` takes a source with these columns for: ``tokenized`` (it has ``input_ids``),
+    ``conversations`` (a conversation column), ``text`` (a ``text`` column), in that order; None: none of them."""
+    from harness.data.chat import conversation_column
     from harness.data.text_tokenize import has_text_column
 
-    names = column_names(path, cfg.split)
-    return names is not None and "input_ids" not in names and has_text_column(names)
+    if "input_ids" in names:
+        return "tokenized"
+    if conversation_column(names) is not None:
+        return "conversations"
+    return "text" if has_text_column(names) else None
 
 
 def column_names(path: Path, split: str | None) -> list[str] | None:
@@ -219,7 +229,7 @@ def _load_saved(path: Path, cfg: DataConfig, progress: bool) -> LoadedSource:
             with pa.OSFile(str(tmp / MASK_FILE), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
                 for start in range(0, len(ids), WRITE_BATCH_ROWS):
                     part = ids.slice(start, WRITE_BATCH_ROWS)
-                    writer.write_batch(pa.record_batch([_default_mask(part)], schema=schema))
+                    writer.write_batch(pa.record_batch([default_loss_mask(part)], schema=schema))
             return {"source": str(path), "split": split, "rows": len(ids)}
 
         entry, _, _ = cache.ensure_entry(cfg.resolved_cache_dir(), SOURCE_PREFIX + "-mask", fingerprint, build)
@@ -278,7 +288,7 @@ def _convert(path: Path, kind: str, out: Path, progress: bool) -> tuple[int, boo
                     part = batch.slice(start, WRITE_BATCH_ROWS)
                     ids = part.column(part.schema.get_field_index("input_ids"))
                     mask = (part.column(part.schema.get_field_index("loss_mask")) if has_mask
-                            else _default_mask(ids))
+                            else default_loss_mask(ids))
                     writer.write_batch(pa.record_batch([ids, mask], schema=out_schema))
                     rows += part.num_rows
                     bar.update(part.num_rows)
@@ -343,7 +353,7 @@ def _list_type_like(kind: pa.DataType, value: pa.DataType) -> pa.DataType:
     return pa.large_list(value) if pa.types.is_large_list(kind) else pa.list_(value)
 
 
-def _default_mask(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+def default_loss_mask(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
     """A loss mask of ones with the first token of every row zeroed, same list layout as ``ids``."""
     if isinstance(ids, pa.ChunkedArray):
         ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)

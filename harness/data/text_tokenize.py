@@ -93,16 +93,17 @@ def _checked(value: Any, where: str) -> str:
 def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, cache_dir: Path,
                     progress: bool = True, bad_rows: str = "refuse") -> tuple[Path, dict, str]:
     """The cached Arrow file of ``path``'s texts tokenized: ``(file, meta, fingerprint)``."""
-    from harness.data.chat_tokenize import load_hf_tokenizer, plain_backend
+    from harness.data.chat_tokenize import (
+        load_hf_tokenizer,
+        plain_backend,
+        write_samples,
+    )
 
     location = Path(tokenizer_path).expanduser()
-    signature = cache.file_signature(location) if location.is_file() else cache.tree_signature(location)
-    source = cache.tree_signature(path) if path.is_dir() else cache.file_signature(path)
-    fingerprint = cache.digest({"format": FORMAT_VERSION, "source": source, "split": split, "tokenizer": signature,
-                                "bad_rows": bad_rows})
+    fingerprint = cache.digest({"format": FORMAT_VERSION, "source": cache.path_signature(path), "split": split,
+                                "tokenizer": cache.path_signature(location), "bad_rows": bad_rows})
 
     def build(tmp: Path) -> dict:
-        import pyarrow as pa
         from tqdm import tqdm
 
         texts = read_texts(path, split, bad_rows)  # refuses before tokenizing
@@ -115,16 +116,7 @@ def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, c
                 batch = [text for _, text in texts.rows[start:start + ENCODE_BATCH]]
                 parts += [np.asarray(encoding.ids, dtype=np.int32) for encoding in backend.encode_batch(batch)]
                 bar.update(len(batch))
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([part.size for part in parts], out=offsets[1:])
-        ids = np.concatenate(parts)
-        mask = np.ones(ids.size, dtype=np.int8)
-        mask[offsets[:-1][offsets[:-1] < ids.size]] = 0  # the first token of each text: nothing predicts it
-        offsets_array = pa.array(offsets)
-        table = pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets_array, pa.array(ids)),
-                          "loss_mask": pa.LargeListArray.from_arrays(offsets_array, pa.array(mask))})
-        with pa.OSFile(str(tmp / DATA_FILE), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+        write_samples(tmp / DATA_FILE, parts)  # every token supervised but each text's first
         return {"source": str(path), "rows": len(parts), "bad": texts.bad.counts, "tokenizer": str(location),
                 "vocab_size": len(tokenizer), "words": texts.words()}
 
@@ -135,10 +127,7 @@ def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, c
 def text_lengths(path: Path, split: str | None, tokenizer_path: str | Path, cache_dir: Path, bad_rows: str = "refuse",
                  progress: bool = True) -> tuple[np.ndarray, str]:
     """The token count of every text of ``path`` (the cache a training run tokenizes with), and what was read."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    from harness.data.chat_tokenize import sample_lengths
 
     arrow, meta, _ = tokenized_texts(path, split, tokenizer_path, cache_dir, progress, bad_rows)
-    with pa.memory_map(str(arrow)) as source:
-        ids = pa.ipc.open_stream(source).read_all().column("input_ids")
-    return np.ascontiguousarray(pc.list_value_length(ids).to_numpy(zero_copy_only=False), dtype=np.int64), meta["words"]
+    return sample_lengths(arrow), meta["words"]

@@ -73,6 +73,9 @@ def test_every_bad_text_row_is_reported_in_one_pass_and_dropped_on_request(plain
     for where in ("line 2: 'text' is int '123', not text", "line 3: empty text", "line 4 has no 'text' key",
                   "line 5 is not valid JSON"):
         assert where in report, where
+    for kind in ("content that is not text", "empty text", "no text key", "not valid JSON"):  # each kind's heading
+        assert f"  {kind}, 1:" in report, kind
+    assert "conversation" not in report
     assert not list((tmp_path / "cache").glob("text-*/data.arrow"))
     kept = load(path, plain_tokenizer, bad_rows="drop")
     assert len(kept) == 2 and "4 bad dropped" in kept.source

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from harness.data import cache
-from harness.data.chat import NOT_TEXT, BadRow, BadRows, source_records
+from harness.data.chat import NO_COLUMN, NOT_TEXT, BadRow, BadRows, source_records
 from harness.data.config import BAD_ROWS_CHOICES
 from harness.data.errors import DataValidationError
 
@@ -28,6 +28,7 @@ PREFIX = "text"
 DATA_FILE = "data.arrow"
 TEXT_COLUMN = "text"
 EMPTY_TEXT = "empty text"
+NO_TEXT_KEY = "no text key"  # the shared reader's "no conversation key", for a text source
 ENCODE_BATCH = 512
 
 
@@ -80,8 +81,8 @@ def read_texts(path: Path, split: str | None, bad_rows: str = "refuse") -> TextR
 
 
 def _checked(value: Any, where: str) -> str:
-    if isinstance(value, BadRow):  # the row itself could not be read (not JSON, no text column)
-        raise value
+    if isinstance(value, BadRow):  # the row itself could not be read (not JSON, no text key)
+        raise BadRow(NO_TEXT_KEY, str(value)) if value.kind == NO_COLUMN else value
     if not isinstance(value, str):
         raise BadRow(NOT_TEXT, f"{where}: {TEXT_COLUMN!r} is {type(value).__name__} {str(value)[:40]!r}, not text; "
                                "give the row's text as a string")

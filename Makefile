@@ -15,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo ablation plan-demo real-data test bench fla-interpret clean
+.PHONY: install demo ablation ablation-normaliser plan-demo real-data test bench fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -69,6 +69,13 @@ ablation: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=ablation_steps
 	$(VENV)/bin/batchlab-report multirun/ablation_steps --out outputs/ablation-report
 	@echo "report: $(CURDIR)/outputs/ablation-report/report.html"
+
+# The mechanism ablation: sorted, bucketed and packed with each step's loss divided by its Σw and by one constant
+# per epoch x 3 seeds, then its report (the "Mechanism" section). After `make demo` (same cached target).
+ablation-normaliser: $(STAMP)
+	$(VENV)/bin/batchlab-train -m experiment=ablation_normaliser
+	$(VENV)/bin/batchlab-report multirun/ablation_normaliser --out outputs/ablation-normaliser-report
+	@echo "report: $(CURDIR)/outputs/ablation-normaliser-report/report.html"
 
 # Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
 plan-demo: $(STAMP)

@@ -11,6 +11,11 @@ strategy takes the same steps. A sweep that runs the same strategies in both mod
   what changes when only the step mode changes. What remains at equal steps is the part batch composition can
   explain.
 
+The same arithmetic splits a gap by the loss normaliser (``batchlab-train -m experiment=ablation_normaliser``,
+:data:`NORMALISER`): the gap with the step's Σw as the divisor (every trainer's practice) minus the gap with one
+constant per epoch (every block weighs alike) is the part the per-step reweighting explains; the gap left under the
+constant is what the steps' homogeneity and the order lengths arrive in do with equal weights.
+
 The intervals are per comparison, without a family correction: the ablation describes; the significance of a
 ranking is the main sweep's Holm-corrected tests (:mod:`analysis.stats`).
 """
@@ -28,7 +33,7 @@ from matplotlib.figure import Figure
 
 from analysis.compare import format_table, strategy_table
 from analysis.figures import STYLE, StrategyStyle
-from analysis.load import order_strategies
+from analysis.load import EPOCH_NORMALISER, STEP_NORMALISER, order_strategies
 from analysis.stats import MIN_SEEDS, paired_test
 from analysis.summary import md_table
 
@@ -40,6 +45,22 @@ METRICS = {"final_eval_loss": ("held-out loss", "{:.3f}"), "final_eval_tau_real"
 TABLE_COLUMNS = {"steps": ("optimizer steps", "{:.0f}"), "clipped_pct": ("clipped", "{:.1f}%"),
                  "final_eval_loss": ("held-out loss", "{:.3f}"), "final_eval_tau_real": ("τ real", "{:.2f}")}
 HEADING = "Ablation: optimizer steps or batch composition?"
+
+
+@dataclass(frozen=True)
+class Factor:
+    """What an ablation sweep varies besides the strategy: the per-run column naming the arm, its two arms (the
+    part is gap(first) − gap(second)), the report's heading and figure name."""
+    column: str
+    arms: tuple[str, str]
+    heading: str
+    figure: str
+
+
+STEP_MODE = Factor("step_mode", (FIXED, EQUAL), HEADING, "ablation_steps")
+NORMALISER = Factor("loss_normaliser", (STEP_NORMALISER, EPOCH_NORMALISER),
+                    "Mechanism: per-step reweighting or step composition?", "ablation_normaliser")
+FACTORS = (STEP_MODE, NORMALISER)
 
 
 @dataclass
@@ -67,22 +88,22 @@ class StepPart:
     equal: Gap
 
 
-def _values(per_run: pd.DataFrame, strategy: str, mode: str, metric: str) -> pd.Series:
-    rows = per_run[(per_run["strategy_name"] == strategy) & (per_run["step_mode"] == mode)]
+def _values(per_run: pd.DataFrame, strategy: str, mode: str, metric: str, factor: Factor = STEP_MODE) -> pd.Series:
+    rows = per_run[(per_run["strategy_name"] == strategy) & (per_run[factor.column] == mode)]
     return rows.set_index("seed")[metric].astype(float).dropna()
 
 
-def ablated_strategies(per_run: pd.DataFrame) -> list[str]:
-    """The strategies run in both step modes (in report order); the ablation needs two of them."""
-    if not {"strategy_name", "step_mode"} <= set(per_run.columns):
+def ablated_strategies(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> list[str]:
+    """The strategies run in both arms of ``factor`` (in report order); the ablation needs two of them."""
+    if not {"strategy_name", factor.column} <= set(per_run.columns):
         return []
     both = [s for s in per_run["strategy_name"].unique()
-            if set(per_run.loc[per_run["strategy_name"] == s, "step_mode"]) >= set(MODES)]
+            if set(per_run.loc[per_run["strategy_name"] == s, factor.column]) >= set(factor.arms)]
     return order_strategies(both)
 
 
-def has_ablation(per_run: pd.DataFrame) -> bool:
-    return len(ablated_strategies(per_run)) >= 2
+def has_ablation(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> bool:
+    return len(ablated_strategies(per_run, factor)) >= 2
 
 
 def _interval(diffs: np.ndarray) -> tuple[float, tuple[float, float]]:
@@ -91,34 +112,39 @@ def _interval(diffs: np.ndarray) -> tuple[float, tuple[float, float]]:
     return float(diffs.mean()), paired_test(diffs)[1]
 
 
-def _diffs(per_run: pd.DataFrame, metric: str, a: str, b: str, mode: str, seeds: list[int]) -> np.ndarray:
-    """m(a) − m(b) in ``mode``, one value per seed of ``seeds``."""
-    return (_values(per_run, a, mode, metric)[seeds] - _values(per_run, b, mode, metric)[seeds]).to_numpy()
+def _diffs(per_run: pd.DataFrame, metric: str, a: str, b: str, mode: str, seeds: list[int],
+           factor: Factor = STEP_MODE) -> np.ndarray:
+    """m(a) − m(b) in arm ``mode``, one value per seed of ``seeds``."""
+    return (_values(per_run, a, mode, metric, factor)[seeds] - _values(per_run, b, mode, metric, factor)[seeds]
+            ).to_numpy()
 
 
-def step_parts(per_run: pd.DataFrame) -> list[StepPart]:
-    """Every pair of ablated strategies on every metric of :data:`METRICS`, on the seeds all four runs have."""
+def step_parts(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> list[StepPart]:
+    """Every pair of ablated strategies on every metric of :data:`METRICS`, on the seeds all four runs have
+    (``fixed`` and ``equal`` hold the gaps in ``factor``'s first and second arm)."""
     parts = []
-    for a, b in combinations(ablated_strategies(per_run), 2):
+    first, second = factor.arms
+    for a, b in combinations(ablated_strategies(per_run, factor), 2):
         for metric in METRICS:
-            seeds = sorted(set.intersection(*(set(_values(per_run, s, m, metric).index) for s in (a, b)
-                                              for m in MODES)))
-            gaps = {mode: _diffs(per_run, metric, a, b, mode, seeds) for mode in MODES}
-            fixed, equal = (Gap(metric, a, b, mode, seeds, *_interval(gaps[mode])) for mode in MODES)
-            mean, ci = _interval(gaps[FIXED] - gaps[EQUAL])
+            seeds = sorted(set.intersection(*(set(_values(per_run, s, m, metric, factor).index) for s in (a, b)
+                                              for m in factor.arms)))
+            gaps = {mode: _diffs(per_run, metric, a, b, mode, seeds, factor) for mode in factor.arms}
+            fixed, equal = (Gap(metric, a, b, mode, seeds, *_interval(gaps[mode])) for mode in factor.arms)
+            mean, ci = _interval(gaps[first] - gaps[second])
             parts.append(StepPart(metric, a, b, seeds, mean, ci, fixed, equal))
     return parts
 
 
-def ablation_table(per_run: pd.DataFrame) -> pd.DataFrame:
-    """One row per ablated strategy and mode: strategy, step mode, seeds, then ``mean ± sd`` of
+def ablation_table(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> pd.DataFrame:
+    """One row per ablated strategy and arm: strategy, arm, seeds, then ``mean ± sd`` of
     :data:`TABLE_COLUMNS` as strings (the main table's formatting, :func:`analysis.compare.format_table`)."""
     rows = []
-    for strategy in ablated_strategies(per_run):
-        for mode in MODES:
-            group = per_run[(per_run["strategy_name"] == strategy) & (per_run["step_mode"] == mode)]
+    heading = "step mode" if factor is STEP_MODE else "loss normaliser"
+    for strategy in ablated_strategies(per_run, factor):
+        for mode in factor.arms:
+            group = per_run[(per_run["strategy_name"] == strategy) & (per_run[factor.column] == mode)]
             formatted = format_table(strategy_table(group.assign(strategy=strategy)), columns=TABLE_COLUMNS)
-            rows.append({"strategy": strategy, "step mode": mode, **formatted.drop(columns="strategy").iloc[0]})
+            rows.append({"strategy": strategy, heading: mode, **formatted.drop(columns="strategy").iloc[0]})
     return pd.DataFrame(rows)
 
 
@@ -156,6 +182,41 @@ def ablation_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str
     return sentences
 
 
+def _clipped(per_run: pd.DataFrame, strategy: str, arm: str) -> str:
+    clipped = _values(per_run, strategy, arm, "clipped_pct", NORMALISER)
+    return f"{clipped.mean():.1f}%" if len(clipped) else "?"
+
+
+def mechanism_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str]:
+    """The normaliser ablation's sentences: per pair and metric, the gap under each normaliser and the part the
+    per-step reweighting explains, each in the metric's units with its 95 % t interval, and the clipped steps."""
+    sentences = []
+    for part in parts:
+        words, fmt = METRICS[part.metric]
+        a, b = part.a, part.b
+        sentences.append(
+            f"{words}, {a} − {b} over seeds {', '.join(map(str, part.seeds))}: "
+            f"{_with_interval(fmt, part.fixed.mean, part.fixed.ci)} with each step's loss divided by its Σw, "
+            f"{_with_interval(fmt, part.equal.mean, part.equal.ci)} with one constant per epoch (every block weighs "
+            f"alike): the per-step reweighting accounts for {_with_interval(fmt, part.mean, part.ci)}; what remains "
+            "under the constant is the steps' homogeneity and the order lengths arrive in.")
+    if parts:
+        strategies = ablated_strategies(per_run, NORMALISER)
+        clipped = "; ".join(f"{s} {_clipped(per_run, s, STEP_NORMALISER)} with the step's Σw, "
+                            f"{_clipped(per_run, s, EPOCH_NORMALISER)} with the constant" for s in strategies)
+        sentences.append(f"Clipped steps: {clipped} (a constant divisor scales a step's gradient with its "
+                         "document count).")
+    sentences.append("95 % t intervals over seeds, one per comparison (no family correction): the ablation "
+                     "describes; the main sweep's Holm-corrected tests say which rankings are significant.")
+    return sentences
+
+
+def factor_sentences(per_run: pd.DataFrame, factor: Factor) -> list[str]:
+    """The section's sentences for ``factor``."""
+    parts = step_parts(per_run, factor)
+    return ablation_sentences(per_run, parts) if factor is STEP_MODE else mechanism_sentences(per_run, parts)
+
+
 def ablation_markdown(per_run: pd.DataFrame) -> str:
     """The section's text in markdown (what ``report.md`` holds, and what ``benchmarks/RESULTS.md`` pastes;
     re-rendered by a test from a stored ``runs.csv``)."""
@@ -168,10 +229,15 @@ def section_markdown(table: pd.DataFrame, sentences: list[str]) -> str:
     return "\n".join(lines + [f"- {s}" for s in sentences]) + "\n"
 
 
-def ablation_figure(per_run: pd.DataFrame) -> Figure:
-    """Held-out loss and τ real of each ablated strategy in both step modes: a dot per seed, the mean joined
-    across modes, the mean optimizer steps written beside each mean (colours: the main report's)."""
-    strategies = ablated_strategies(per_run)
+def normaliser_markdown(per_run: pd.DataFrame) -> str:
+    """The normaliser ablation's section in markdown (re-rendered by a test from a stored ``runs.csv``)."""
+    return section_markdown(ablation_table(per_run, NORMALISER), factor_sentences(per_run, NORMALISER))
+
+
+def ablation_figure(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> Figure:
+    """Held-out loss and τ real of each ablated strategy in both arms: a dot per seed, the mean joined
+    across arms, the mean optimizer steps written beside each mean (colours: the main report's)."""
+    strategies = ablated_strategies(per_run, factor)
     style = StrategyStyle(strategies)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, len(METRICS), figsize=(11, 4.4))
@@ -179,21 +245,23 @@ def ablation_figure(per_run: pd.DataFrame) -> Figure:
             for offset, strategy in zip(np.linspace(-0.08, 0.08, len(strategies)), strategies):
                 colour = style.colour(strategy)
                 means = []
-                for x, mode in enumerate(MODES):
-                    values = _values(per_run, strategy, mode, metric)
+                for x, mode in enumerate(factor.arms):
+                    values = _values(per_run, strategy, mode, metric, factor)
                     ax.scatter(np.full(len(values), x + offset), values, color=colour, alpha=0.45, s=18)
                     means.append(values.mean() if len(values) else math.nan)
-                    if len(values):
+                    if len(values) and factor is STEP_MODE:
                         ax.annotate(f"{_steps(per_run, strategy, mode)} steps", (x + offset, means[-1]),
                                     textcoords="offset points", xytext=(7, -3), fontsize=8, color=colour)
-                ax.plot(np.arange(len(MODES)) + offset, means, color=colour, marker=style.marker(strategy),
+                ax.plot(np.arange(len(factor.arms)) + offset, means, color=colour, marker=style.marker(strategy),
                         label=strategy)
-            ax.set_xticks(range(len(MODES)), MODES)
-            ax.set_xlim(-0.4, len(MODES) - 0.4)
+            ax.set_xticks(range(len(factor.arms)), factor.arms)
+            ax.set_xlim(-0.4, len(factor.arms) - 0.4)
             ax.set_ylabel(f"final {words}")
-            ax.set_title(f"{words} by step mode (same tokens)")
+            ax.set_title(f"{words} by {'step mode' if factor is STEP_MODE else 'loss normaliser'} (same tokens)")
         axes[0].legend(loc="best")
         fig.suptitle("Same tokens in both modes: what changes between them is the optimizer step count; "
-                     "the gap left at equal steps is composition's")
+                     "the gap left at equal steps is composition's" if factor is STEP_MODE else
+                     "Same steps and tokens: the gap left under one constant divisor is the steps' composition; "
+                     "the rest is the per-step reweighting")
         fig.tight_layout()
     return fig

@@ -10,7 +10,8 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the average
 - ``padding_pct`` = 100 · (1 − Σ real_tokens / Σ computed_slots); ``clipped_pct`` = 100 · the share of steps
   whose gradient norm was clipped; ``step_mode`` = ``equal-token steps`` or ``fixed accumulation``
   (:func:`analysis.load.step_mode`); ``strategy_name`` = the strategy without its variant label.
-- ``grad_diversity`` = mean of the measured steps' gradient diversity (``grad_stats_measured``);
+- ``grad_diversity`` = mean of the measured steps' Yin Δ at the step's weight (``grad_stats_measured``);
+  ``grad_sample_diversity`` = mean of their ``1 + B_simple`` (the table's and the frontier's: no step size in it);
   ``grad_noise_scale`` = its last measured value.
 - ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length (``plan_lag1_acf``).
 - ``recurrence`` = mean over epochs of ``plan_step_recurrence`` (step level) where logged, else of
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import Sweep, order_strategies, step_mode
+from analysis.load import Sweep, loss_normaliser, order_strategies, step_mode
 from analysis.stats import (
     MIN_SEEDS,
     THROUGHPUT_SOURCE,
@@ -60,7 +61,7 @@ TABLE_COLUMNS = {
     "padding_pct": ("padding %", "{:.1f}"),
     "steps": ("optimizer steps", "{:.0f}"),
     "clipped_pct": ("clipped %", "{:.1f}"),
-    "grad_diversity": ("gradient diversity", "{:.3g}"),
+    "grad_sample_diversity": ("sample diversity 1+B", "{:.3g}"),
     "lag1_acf": ("lag-1 ACF", "{:+.2f}"),
     "recurrence": ("recurrence", "{:.2f}"),
     "final_eval_loss": ("held-out loss", "{:.3f}"),
@@ -144,6 +145,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
         rows.append({
             "run": run["run"], "strategy": run["strategy"], "seed": int(run["seed"]), "steps": int(len(history)),
             "strategy_name": run.get("strategy_name", run["strategy"]), "step_mode": step_mode(run),
+            "loss_normaliser": loss_normaliser(run),
             "clipped_pct": 100.0 * averages["clip_fraction"],
             "tokens_seen": int(history["tokens_seen"].iloc[-1]),
             "epochs": float(history["epochs"].iloc[-1]) if "epochs" in history.columns else math.nan,
@@ -151,6 +153,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "tokens_per_second": averages["step_tokens_per_second"],
             "padding_pct": averages["padding_pct"],
             "grad_diversity": averages["grad_diversity"],
+            "grad_sample_diversity": averages["grad_sample_diversity"],
             "grad_noise_scale": averages["grad_noise_scale"],
             "lag1_acf": averages["lag1_acf"],
             "recurrence": averages["recurrence"],
@@ -284,15 +287,14 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
         least = rec.loc[rec["recurrence"].idxmin()]
         sentences.append(f"Batch composition recurs most under {most['strategy']} (recurrence "
                          f"{most['recurrence']:.2f}) and least under {least['strategy']} ({least['recurrence']:.2f}).")
-    div = table[np.isfinite(table["grad_diversity"])]
+    div = table[np.isfinite(table["grad_sample_diversity"])]
     if len(div) > 1:
-        high = div.loc[div["grad_diversity"].idxmax()]
-        low = div.loc[div["grad_diversity"].idxmin()]
-        sentences.append(f"Measured gradient diversity (Yin's Δ of a step's samples, from the noise scale) is "
-                         f"highest under {high['strategy']} ({high['grad_diversity']:.3g}) and lowest under "
-                         f"{low['strategy']} ({low['grad_diversity']:.3g}); it depends on the step's loss weight W, "
-                         "so compare it between strategies only at equal-token steps (compare the noise scale "
-                         "otherwise), and read it with the recurrence column (no test is applied to it).")
+        high = div.loc[div["grad_sample_diversity"].idxmax()]
+        low = div.loc[div["grad_sample_diversity"].idxmin()]
+        sentences.append(f"Measured sample diversity (1 + B_simple = E|g|² / |E g|² of a step's samples, 1 when they "
+                         f"agree) is highest under {high['strategy']} ({high['grad_sample_diversity']:.3g}) and lowest "
+                         f"under {low['strategy']} ({low['grad_sample_diversity']:.3g}); read it with its spread over "
+                         "seeds and the recurrence column (no test is applied to it).")
     return sentences
 
 

@@ -140,7 +140,7 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
     then says that its ratios are no measurement of record."""
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
-    panels = [("grad_diversity", "gradient diversity Δ of a step's samples (higher: they disagree more)"),
+    panels = [("grad_sample_diversity", "sample diversity 1 + B of a step's samples (1: they agree)"),
               ("recurrence", f"{kind}-level composition recurrence (epoch e → e+1)")]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
@@ -165,9 +165,9 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
             ax.set(xlabel=label, ylabel=f"real tokens/s relative to {reference}")
             if not drawn:
                 why = ("gradient diversity was not measured:\nit needs grad_accum > 1 or more than one rank"
-                       if column == "grad_diversity" else f"no {column} was logged")
+                       if column == "grad_sample_diversity" else f"no {column} was logged")
                 _note(ax, why)
-        axes[0].set_title("Throughput vs gradient diversity")
+        axes[0].set_title("Throughput vs gradient sample diversity")
         axes[1].set_title("Throughput vs repeated batch composition")
         _disturbed_banner(fig, disturbed)
         _legend(fig, style, axes)
@@ -406,7 +406,7 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
         measured = steps
         if "grad_stats_measured" in steps.columns:
             measured = steps[steps["grad_stats_measured"].fillna(False).astype(bool)]
-        for ax, (column, label) in zip(axes, (("grad_diversity", "gradient diversity Δ of the step's samples"),
+        for ax, (column, label) in zip(axes, (("grad_sample_diversity", "sample diversity 1 + B of the step's samples"),
                                              ("grad_noise_scale", "gradient noise scale B_simple (loss weight)"))):
             drawn = False
             for strategy in style.strategies:
@@ -434,7 +434,7 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
             if not drawn:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
         several = "run" in measured and len(measured) and measured.groupby("strategy")["run"].nunique().min() > 1
-        axes[0].set_title("Gradient diversity, (1 + B_simple) / (W + B_simple)\n"
+        axes[0].set_title("Sample diversity, 1 + B_simple (no step size in it)\n"
                           + ("(thin: seeds; thick: mean; band: seed range)" if several else "(one seed a strategy)"))
         axes[1].set_title("Gradient noise scale (ratio of EMAs of unbiased estimates)")
         _legend(fig, style, axes)

@@ -131,6 +131,17 @@ def step_mode(run: pd.Series) -> str:
     return "equal-token steps" if equal else "fixed accumulation"
 
 
+#: the loss normaliser's arms as the report names them (``optim.loss_normaliser``: step, epoch)
+STEP_NORMALISER, EPOCH_NORMALISER = "step Σw", "epoch constant"
+
+
+def loss_normaliser(run: pd.Series) -> str:
+    """``"step Σw"`` (a step's loss divided by its Σw; runs from before the setting existed) or ``"epoch constant"``
+    (``optim.loss_normaliser=epoch``), from a row of ``Sweep.runs``."""
+    value = run.get("loss_normaliser", run.get("optim.loss_normaliser"))
+    return EPOCH_NORMALISER if value == "epoch" else STEP_NORMALISER
+
+
 def label_variants(runs: pd.DataFrame) -> pd.Series:
     """The strategy label of every run: the strategy's name, plus the config keys that tell its variants apart.
 

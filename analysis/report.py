@@ -10,7 +10,8 @@ timing check: ``tokens_per_second_cv``, ``step_slot_rate_spread_max``, ``step_st
 :mod:`analysis.summary`, rendered from ``runs.csv``), ``report.md`` and ``report.html`` (figures embedded
 as base64 PNG, no external file needed). A sweep that ran strategies in both step modes
 (``experiment=ablation_steps``) adds an ablation section, ``ablation.csv`` and ``figures/ablation_steps``
-(:mod:`analysis.ablation`).
+(:mod:`analysis.ablation`); one in both loss normalisers (``experiment=ablation_normaliser``) the mechanism section,
+``ablation_normaliser.csv`` and ``figures/ablation_normaliser``.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     facts = sweep_facts(sweep, per_run)
     formatted = format_table(table, timing)
     notes = table_notes(per_run, table, timing)
-    ablation = ablation_section(per_run, out_dir, figure_dir)
+    ablation = ablation_sections(per_run, out_dir, figure_dir)
     report.markdown = out_dir / "report.md"
     captions = figs.figure_captions(int(per_run.groupby("strategy").size().min()) if len(per_run) else 0)
     markdown = render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
@@ -148,24 +149,36 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
 
 @dataclass
 class AblationSection:
-    """The report's step-mode ablation (:mod:`analysis.ablation`), when the sweep ran strategies in both modes."""
+    """One of the report's ablations (:mod:`analysis.ablation`: the step mode, the loss normaliser), when the sweep
+    ran strategies in both arms."""
     table: pd.DataFrame
     sentences: list[str]
     figure: list[Path]
+    heading: str = abl.HEADING
+    name: str = "ablation_steps"
 
 
-def ablation_section(per_run: pd.DataFrame, out_dir: Path, figure_dir: Path) -> AblationSection | None:
-    """Also writes ``ablation.csv`` (every gap and step-count part with its interval)."""
-    if not abl.has_ablation(per_run):
-        return None
-    parts = abl.step_parts(per_run)
-    pd.DataFrame([{"metric": p.metric, "a": p.a, "b": p.b, "seeds": len(p.seeds),
-                   "gap_fixed_accumulation": p.fixed.mean, "gap_fixed_low": p.fixed.ci[0],
-                   "gap_fixed_high": p.fixed.ci[1], "gap_equal_steps": p.equal.mean, "gap_equal_low": p.equal.ci[0],
-                   "gap_equal_high": p.equal.ci[1], "step_mode_part": p.mean, "step_mode_part_low": p.ci[0],
-                   "step_mode_part_high": p.ci[1]} for p in parts]).to_csv(out_dir / "ablation.csv", index=False)
-    return AblationSection(abl.ablation_table(per_run), abl.ablation_sentences(per_run, parts),
-                           figs.save_figure(abl.ablation_figure(per_run), figure_dir, "ablation_steps"))
+def ablation_sections(per_run: pd.DataFrame, out_dir: Path, figure_dir: Path) -> list[AblationSection]:
+    """Every factor the sweep ran in both arms; each writes ``<figure name>.csv`` (``ablation.csv`` for the step
+    mode): every gap and part with its interval."""
+    sections = []
+    for factor in abl.FACTORS:
+        if not abl.has_ablation(per_run, factor):
+            continue
+        parts = abl.step_parts(per_run, factor)
+        first, second = ("fixed_accumulation", "equal_steps") if factor is abl.STEP_MODE else ("step", "epoch")
+        part = "step_mode_part" if factor is abl.STEP_MODE else "reweighting_part"
+        low = ("gap_fixed", "gap_equal") if factor is abl.STEP_MODE else ("gap_step", "gap_epoch")
+        csv = "ablation.csv" if factor is abl.STEP_MODE else f"{factor.figure}.csv"
+        pd.DataFrame([{"metric": p.metric, "a": p.a, "b": p.b, "seeds": len(p.seeds),
+                       f"gap_{first}": p.fixed.mean, f"{low[0]}_low": p.fixed.ci[0], f"{low[0]}_high": p.fixed.ci[1],
+                       f"gap_{second}": p.equal.mean, f"{low[1]}_low": p.equal.ci[0], f"{low[1]}_high": p.equal.ci[1],
+                       part: p.mean, f"{part}_low": p.ci[0], f"{part}_high": p.ci[1]} for p in parts]
+                     ).to_csv(out_dir / csv, index=False)
+        sections.append(AblationSection(abl.ablation_table(per_run, factor), abl.factor_sentences(per_run, factor),
+                                        figs.save_figure(abl.ablation_figure(per_run, factor), figure_dir,
+                                                         factor.figure), factor.heading, factor.figure))
+    return sections
 
 
 def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck) -> list[str]:
@@ -187,7 +200,7 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         "first evaluation with "
         f"held-out loss ≤ {per_run['target_loss'].iloc[0]:.3f}.",
     ]
-    if table["grad_diversity"].isna().all():
+    if table["grad_sample_diversity"].isna().all():
         notes.append("Gradient diversity was not measured in this sweep (it needs two small batches per step: "
                      "trainer.nproc > 1, trainer.grad_accum > 1, or trainer.step_tokens above trainer.max_tokens).")
     if timing.flagged:
@@ -233,7 +246,7 @@ STATS_HEADING = "Statistical comparison (every pair of strategies, paired by see
 
 def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
                     figure_captions,
-                    ablation: AblationSection | None = None) -> str:
+                    ablation: list[AblationSection] = ()) -> str:
     parts = [f"# {title}", "", "## Sweep", ""]
     parts += [f"- **{k}**: {v}" for k, v in facts]
     parts += ["", "## Findings", ""] + [f"- {s}" for s in sentences]
@@ -244,10 +257,11 @@ def render_markdown(title, facts, sentences, stats_sentences, formatted, notes, 
     rows = _pairs_rows(comparisons)
     if rows:
         parts += ["", md_table(PAIR_HEADER, rows)]
-    if ablation is not None:
-        png, svg = ablation.figure
-        parts += ["", f"## {abl.HEADING}", "", abl.section_markdown(ablation.table, ablation.sentences).rstrip("\n")]
-        parts += ["", f"![{abl.HEADING}](figures/{png.name})", "", f"SVG: [figures/{svg.name}](figures/{svg.name})"]
+    for section in ablation:
+        png, svg = section.figure
+        parts += ["", f"## {section.heading}", "",
+                  abl.section_markdown(section.table, section.sentences).rstrip("\n")]
+        parts += ["", f"![{section.heading}](figures/{png.name})", "", f"SVG: [figures/{svg.name}](figures/{svg.name})"]
     parts += ["", "## Figures", ""]
     for i, (name, caption) in enumerate(figure_captions.items(), start=1):
         png = paths[name][0]
@@ -294,7 +308,7 @@ def _html_table(header: list[str], rows: list[list[str]], colours: dict[str, str
 
 def render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
                 figure_captions,
-                style: figs.StrategyStyle, ablation: AblationSection | None = None) -> str:
+                style: figs.StrategyStyle, ablation: list[AblationSection] = ()) -> str:
     esc = html.escape
     body = [f"<h1>{esc(title)}</h1>", "<h2>Sweep</h2>", '<ul class="facts">']
     body += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in facts]
@@ -307,12 +321,12 @@ def render_html(title, facts, sentences, stats_sentences, formatted, notes, comp
     rows = _pairs_rows(comparisons)
     if rows:
         body.append(_html_table(PAIR_HEADER, rows))
-    if ablation is not None:
-        data = base64.b64encode(ablation.figure[0].read_bytes()).decode("ascii")
-        body += [f"<h2>{esc(abl.HEADING)}</h2>",
-                 _html_table(list(ablation.table.columns), ablation.table.astype(str).values.tolist()), "<ul>"]
-        body += [f"<li>{esc(s)}</li>" for s in ablation.sentences] + ["</ul>"]
-        body.append(f'<figure id="fig-ablation_steps"><img alt="{esc(abl.HEADING)}" '
+    for section in ablation:
+        data = base64.b64encode(section.figure[0].read_bytes()).decode("ascii")
+        body += [f"<h2>{esc(section.heading)}</h2>",
+                 _html_table(list(section.table.columns), section.table.astype(str).values.tolist()), "<ul>"]
+        body += [f"<li>{esc(s)}</li>" for s in section.sentences] + ["</ul>"]
+        body.append(f'<figure id="fig-{section.name}"><img alt="{esc(section.heading)}" '
                     f'src="data:image/png;base64,{data}"></figure>')
     body.append("<h2>Figures</h2>")
     for i, (name, caption) in enumerate(figure_captions.items(), start=1):

@@ -42,7 +42,7 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
     x = "tokens_seen"
     return {
         "frontier": [
-            {"kind": "scatter", "title": "real tokens/s vs gradient diversity", "x": "grad_diversity",
+            {"kind": "scatter", "title": "real tokens/s vs sample diversity", "x": "grad_sample_diversity",
              "y": "tokens_per_second"},
             {"kind": "scatter", "title": "real tokens/s vs recurrence (micro-batch)", "x": "plan_recurrence",
              "y": "tokens_per_second"},
@@ -67,7 +67,7 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
             {"kind": "line", "title": "step mean length", "x": "step", "y": ["step_mean_length"]},
         ],
         "grad_stats": [
-            {"kind": "line", "title": "gradient diversity", "x": x, "y": ["grad_diversity"]},
+            {"kind": "line", "title": "sample diversity 1+B", "x": x, "y": ["grad_sample_diversity"]},
             {"kind": "line", "title": "gradient noise scale", "x": x, "y": ["grad_noise_scale"]},
         ],
         "train_loss": [

@@ -40,8 +40,9 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
 
     * ``step_tokens_per_second`` = Σ real tokens / Σ step time; ``step_time_sum_s`` = Σ step time;
       ``padding_pct`` = 100 · (1 − Σ real tokens / Σ computed slots);
-    * ``grad_diversity`` = mean over the measured steps (``grad_stats_measured``), ``grad_noise_scale`` = the
-      last measured value;
+    * ``grad_diversity`` (Yin's Δ at the step's weight) and ``grad_sample_diversity`` (``1 + B_simple``, no step
+      size in it) = means over the measured steps (``grad_stats_measured``), ``grad_noise_scale`` = the last
+      measured value;
     * ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length; ``recurrence`` = mean over
       epochs of ``recurrence`` (default :func:`recurrence_key`), ``recurrence_kind`` = step or micro-batch;
     * ``rank_imbalance``, ``data_wait_fraction``, ``drafter_block_efficiency``, ``peak_memory_mb`` = means over
@@ -60,6 +61,7 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
         "step_time_sum_s": step_time,
         "padding_pct": 100.0 * (1.0 - real / slots) if slots > 0 else math.nan,
         "grad_diversity": _mean(r.get("grad_diversity") for r in measured),
+        "grad_sample_diversity": _mean(_sample_diversity(r) for r in measured),
         "grad_noise_scale": noise[-1] if noise else math.nan,
         "lag1_acf": _mean(r.get("plan_lag1_acf") for r in records),
         "recurrence": _mean(r.get(recurrence) for r in records),
@@ -71,6 +73,14 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
         "final_loss": losses[0] if losses else math.nan,
         "clip_fraction": _mean(float(_truthy(r.get("grad_clipped"))) for r in records if "grad_clipped" in r),
     }
+
+
+def _sample_diversity(record: Mapping[str, Any]) -> Any:
+    """A measured step's ``grad_sample_diversity``; a record from before the key existed: 1 + its noise scale."""
+    if "grad_sample_diversity" in record:
+        return record["grad_sample_diversity"]
+    scale = _finite([record.get("grad_noise_scale")])
+    return 1.0 + scale[0] if scale else None
 
 
 def _truthy(value: Any) -> bool:

@@ -11,8 +11,18 @@ import pytest
 from train_support import sweep_params
 
 import analysis_support as support
-from analysis.ablation import EQUAL, FIXED, ablated_strategies, ablation_table, has_ablation, step_parts
+from analysis.ablation import (
+    EQUAL,
+    FIXED,
+    NORMALISER,
+    ablated_strategies,
+    ablation_table,
+    factor_sentences,
+    has_ablation,
+    step_parts,
+)
 from analysis.cli import main
+from analysis.load import EPOCH_NORMALISER, STEP_NORMALISER
 
 
 def _frame(gaps_fixed, gaps_equal, steps=None):
@@ -132,3 +142,49 @@ def test_the_results_ablation_block_is_the_reports_own_output():
     per_run = read_runs_csv(support.REPO / "docs" / "demo" / "ablation_runs.csv")
     assert has_ablation(per_run)
     assert block.strip() == ablation_markdown(per_run).strip()
+
+
+def _normaliser_frame(gaps_step, gaps_epoch, clipped=(3.0, 40.0)):
+    """sorted and packed under both normalisers, 3 seeds: sorted's held-out loss = packed's + the gap per seed."""
+    rows = []
+    for seed in range(3):
+        for arm, gaps, clip in ((STEP_NORMALISER, gaps_step, clipped[0]), (EPOCH_NORMALISER, gaps_epoch, clipped[1])):
+            base = 1.3 + 0.05 * seed
+            for strategy, loss in (("sorted", base + gaps[seed]), ("packed", base)):
+                rows.append({"strategy_name": strategy, "loss_normaliser": arm, "step_mode": EQUAL, "seed": seed,
+                             "final_eval_loss": loss, "final_eval_tau_real": 3.0 - loss, "clipped_pct": clip,
+                             "steps": 216})
+    return pd.DataFrame(rows)
+
+
+def test_the_reweighting_part_is_the_gap_with_each_steps_weight_minus_the_gap_with_one_constant():
+    """Sorted trails packed by 0.9 nats with the step's Σw and by 0.3 with one constant: the reweighting is 0.6."""
+    per_run = _normaliser_frame(gaps_step=[0.8, 1.0, 0.9], gaps_epoch=[0.25, 0.35, 0.3])
+    assert has_ablation(per_run, NORMALISER) and not has_ablation(per_run)  # one step mode: no step-mode section
+    part = next(p for p in step_parts(per_run, NORMALISER) if p.metric == "final_eval_loss")
+    assert (part.a, part.b) == ("sorted", "packed")  # report order
+    assert part.fixed.mean == pytest.approx(0.9) and part.equal.mean == pytest.approx(0.3)
+    diffs = np.array([0.8 - 0.25, 1.0 - 0.35, 0.9 - 0.3])
+    half = 4.302652729911275 * diffs.std(ddof=1) / math.sqrt(3)  # t(0.975, 2 df), by hand
+    assert part.mean == pytest.approx(0.6) and part.ci == pytest.approx((0.6 - half, 0.6 + half), rel=1e-6)
+    sentences = factor_sentences(per_run, NORMALISER)
+    assert sentences[0].startswith("held-out loss, sorted − packed over seeds 0, 1, 2: +0.900 [")
+    assert f"the per-step reweighting accounts for +0.600 [{0.6 - half:+.3f}, {0.6 + half:+.3f}]" in sentences[0]
+    assert "sorted 3.0% with the step's Σw, 40.0% with the constant" in sentences[2]
+    table = ablation_table(per_run, NORMALISER)
+    assert table[["strategy", "loss normaliser"]].values.tolist() == [
+        ["sorted", STEP_NORMALISER], ["sorted", EPOCH_NORMALISER], ["packed", STEP_NORMALISER],
+        ["packed", EPOCH_NORMALISER]]
+
+
+def test_the_mechanism_experiment_sweeps_both_normalisers_and_keeps_the_main_jobs_settings():
+    params = sweep_params(["experiment=ablation_normaliser"])
+    assert params["optim.loss_normaliser"] == "step,epoch" and params["strategy"] == "sorted,bucketed,packed"
+    assert list(params)[0] == "seed"
+    from train_support import compose_config
+
+    main_job = compose_config(["experiment=strategies", "strategy=sorted"])
+    config = compose_config(["experiment=ablation_normaliser", "strategy=sorted", "optim.loss_normaliser=epoch"])
+    assert config["optim"] == {**main_job["optim"], "loss_normaliser": "epoch"}
+    for key in ("data", "target", "drafter", "trainer", "eval", "checkpoint", "grad_stats", "loader"):
+        assert config[key] == main_job[key], key

@@ -38,6 +38,7 @@ def _recomputed(sweep_dir):
         summary = json.loads((directory / "summary.json").read_text())
         evals = [s for s in steps if s.get("eval_loss") is not None]
         measured = [s["grad_diversity"] for s in steps if s["grad_stats_measured"] and s["grad_diversity"] is not None]
+        sample = [1 + s["grad_noise_scale"] for s in steps if s["grad_stats_measured"] and s["grad_noise_scale"] is not None]
         lag1 = [s["plan_lag1_acf"] for s in steps if s.get("plan_lag1_acf") is not None]
         recurrence = [s["plan_recurrence"] for s in steps if s.get("plan_recurrence") is not None]
         if any(s.get("plan_step_recurrence") is not None for s in steps):
@@ -46,7 +47,7 @@ def _recomputed(sweep_dir):
         records[(summary["strategy"], summary["seed"])] = {
             "tokens_per_second": real / sum(s["step_time"] for s in steps),
             "padding_pct": 100 * (1 - real / sum(s["computed_slots"] for s in steps)),
-            "grad_diversity": float(np.mean(measured)),
+            "grad_diversity": float(np.mean(measured)), "grad_sample_diversity": float(np.mean(sample)),
             "lag1_acf": float(np.mean(lag1)), "recurrence": float(np.mean(recurrence)),
             "final_eval_loss": evals[-1]["eval_loss"], "final_eval_tau": evals[-1]["eval_tau"], "evals": evals,
         }
@@ -67,7 +68,7 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
     for strategy in support.STRATEGIES:
         row = table.loc[strategy]
         assert row["seeds"] == len(support.SEEDS)
-        for column in ("tokens_per_second", "relative_throughput", "padding_pct", "grad_diversity", "lag1_acf",
+        for column in ("tokens_per_second", "relative_throughput", "padding_pct", "grad_sample_diversity", "lag1_acf",
                        "recurrence", "final_eval_loss", "final_eval_tau", "tokens_to_loss"):
             values = [records[(strategy, seed)][column] for seed in support.SEEDS]
             assert row[column] == pytest.approx(np.mean(values), rel=1e-9, abs=1e-12), (strategy, column)
@@ -81,7 +82,7 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
         mine = records[(summary["strategy"], summary["seed"])]
         assert summary["padding_ratio"] * 100 == pytest.approx(mine["padding_pct"], abs=1e-9)
         assert summary["eval_loss"] == pytest.approx(mine["final_eval_loss"])
-        for column in ("grad_diversity", "lag1_acf", "recurrence"):  # one definition of the run's averages
+        for column in ("grad_diversity", "grad_sample_diversity", "lag1_acf", "recurrence"):  # one definition
             assert summary[column] == pytest.approx(mine[column], rel=1e-12, abs=1e-15), column
 
 

@@ -49,7 +49,7 @@ def test_every_figure_exists_in_png_and_svg_and_is_not_blank(report):
 
 def test_markdown_report_has_the_table_sentences_and_figures(report):
     text = (report / "report.md").read_text()
-    for heading in ("real tokens/s", "× sorted", "padding %", "gradient diversity", "lag-1 ACF", "recurrence",
+    for heading in ("real tokens/s", "× sorted", "padding %", "sample diversity 1+B", "lag-1 ACF", "recurrence",
                     "held-out loss", "τ", "tokens to target loss"):
         assert f"| {heading} |" in text or f"| {heading}" in text, heading
     for strategy in support.STRATEGIES:
@@ -182,7 +182,7 @@ def test_wandb_workspace_mirrors_the_figures_grouped_by_strategy():
     assert workspace.runset_settings.group_colors["packed"] == "#CC79A7"
     assert "analysis_tiny" in str(workspace.runset_settings.filters)
     titles = [p.title for s in workspace.sections for p in s.panels]
-    assert "held-out loss vs tokens" in titles and "gradient diversity" in titles
+    assert "held-out loss vs tokens" in titles and "sample diversity 1+B" in titles
     heldout = workspace.sections[1].panels[0]
     assert heldout.x == "tokens_seen" and heldout.y == ["eval_loss"]
     workspace._to_model()  # serialises without a server
@@ -256,7 +256,7 @@ def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
     table = pd.read_csv(report / "strategies.csv").set_index("strategy")
     style = figs.StrategyStyle(sweep.strategies)
     frontier = figs.frontier(per_run, style)
-    for ax, column in zip(frontier.axes[:2], ("grad_diversity", "recurrence")):
+    for ax, column in zip(frontier.axes[:2], ("grad_sample_diversity", "recurrence")):
         centres = [line.get_xydata()[0] for line in ax.lines if line.get_markersize() == 9]
         expected = [(table.loc[s, column], table.loc[s, "relative_throughput"]) for s in style.strategies]
         np.testing.assert_allclose(centres, expected, rtol=1e-9, err_msg=column)

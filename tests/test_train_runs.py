@@ -17,10 +17,10 @@ STEP_KEYS = {
     "grad_diversity", "grad_noise_scale", "accuracy", "accuracy_per_position", "real_tokens", "computed_slots",
     "drafter_block_efficiency", "time_data", "time_target", "time_drafter", "time_optimizer_comm", "lr",
     "grad_norm", "step_mean_length", "step_length_std", "samples_per_step", "rank_imbalance", "peak_memory_mb",
-    "step", "epoch",
+    "step", "epoch", "grad_sample_diversity", "loss_divisor", "step_weight_sum",
 }
 SUMMARY_KEYS = {"strategy", "seed", "tokens_seen", "tokens_per_second", "padding_ratio", "eval_loss", "eval_tau",
-                "samples_seen_once", "grad_diversity", "status"}
+                "samples_seen_once", "grad_diversity", "grad_sample_diversity", "status"}
 
 
 @pytest.fixture(scope="module")

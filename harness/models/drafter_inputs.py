@@ -45,7 +45,8 @@ from harness.models.anchors import (
 from harness.models.drafter_loss import slot_decay
 from harness.models.layout import TokenBatch, _can_pin
 
-__all__ = ["ANCHOR_PURPOSE", "DenseSlice", "DrafterInputs", "anchor_candidates", "document_anchors"]
+__all__ = ["ANCHOR_PURPOSE", "DenseSlice", "DrafterInputs", "anchor_candidates", "document_anchors",
+           "document_weight_sum"]
 
 # Last entry of the anchor seed sequence: keeps anchor draws apart from any other per-sample draw
 # made from (seed, epoch, sample_index). Fixed: changing it changes every run's anchors.
@@ -93,6 +94,24 @@ def document_anchors(
         chosen = np.sort(np.argsort(keys, kind="stable")[:num_anchors])  # sorted index = sorted position
         candidates, keys = candidates[chosen], keys[chosen]
     return candidates, keys
+
+
+def document_weight_sum(loss_mask: np.ndarray, anchors: np.ndarray, *, block_size: int,
+                        loss_decay_gamma: float) -> float:
+    """Σw of one document's blocks anchored at ``anchors``, as :meth:`DrafterInputs.build` weighs them without a
+    ``max_blocks`` cap: slot ``k`` (1 .. B-1) of the block at ``p`` weighs ``exp(-(k - 1) / γ)`` (fp32,
+    :func:`~harness.models.drafter_loss.slot_decay`) where ``p + k`` lies inside the document and its loss mask
+    is set. A function of the sample alone, computed on the host without building a batch."""
+    mask = np.asarray(loss_mask).astype(bool, copy=False).reshape(-1)
+    anchors = np.asarray(anchors, dtype=np.int64).reshape(-1)
+    if anchors.size == 0:
+        return 0.0
+    slots = np.arange(1, block_size, dtype=np.int64)
+    decay = slot_decay(block_size, loss_decay_gamma).numpy().astype(np.float64)  # the training batch's own fp32 values
+    positions = anchors[:, None] + slots[None, :]
+    inside = positions < mask.size
+    valid = inside & mask[np.where(inside, positions, 0)]
+    return float((valid * decay).sum())
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from harness.data.samples import TokenizedSamples
-from harness.models.drafter_inputs import DrafterInputs
+from harness.models.drafter_inputs import DrafterInputs, document_anchors, document_weight_sum
 from harness.models.layout import TokenBatch
 from strategies import Plan
 
@@ -95,6 +95,24 @@ class BatchCollator:
         slots = int(lengths.sum()) if self.layout == "packed" else int(rows.size * lengths.max())
         return TrainingBatch(torch.from_numpy(rows), torch.from_numpy(lengths), tokens, drafter, slots,
                              float(drafter.weight_sum))
+
+
+    def weight_sums(self, rows: np.ndarray, lengths: np.ndarray, epoch: int) -> np.ndarray:
+        """float64 Σw of every sample (dataset ``rows``, plan ``lengths``) in ``epoch``, the weight it brings to
+        any micro-batch without a ``max_blocks`` cap (:func:`~harness.models.drafter_inputs.document_weight_sum`
+        of its :func:`~harness.models.drafter_inputs.document_anchors`), without building a batch."""
+        if self.max_blocks is not None:
+            raise ValueError("a sample's Σw depends on its neighbours under drafter.max_blocks (a cap per micro-batch); "
+                             "set drafter.max_blocks=null")
+        sums = np.zeros(len(rows), dtype=np.float64)
+        for i, ((_, mask), length, row) in enumerate(zip(self.samples.samples(np.asarray(rows).tolist()),
+                                                         np.asarray(lengths), np.asarray(rows))):
+            mask = np.asarray(mask[:int(length)])
+            anchors, _ = document_anchors(mask, block_size=self.block_size, num_anchors=self.num_anchors,
+                                          seed=self.anchor_seed, epoch=epoch, sample_index=int(row))
+            sums[i] = document_weight_sum(mask, anchors, block_size=self.block_size,
+                                          loss_decay_gamma=self.loss_decay_gamma)
+        return sums
 
 
 class RankMicroBatches(Dataset):

@@ -57,6 +57,10 @@ def _at_least(name: str, value: Any, low: float, fix: str = "") -> None:
         raise ValueError(f"{name}={value!r} must be >= {low}{'; ' + fix if fix else ''}")
 
 
+#: optim.loss_normaliser's choices
+LOSS_NORMALISERS = ("step", "epoch")
+
+
 @dataclass
 class OptimConfig:
     """AdamW with a cosine schedule whose warmup and horizon are counted in tokens seen."""
@@ -69,8 +73,15 @@ class OptimConfig:
     warmup_fraction: float = 0.04  # of the run's token horizon
     min_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of lr
     grad_clip: float = 1.0  # on the global gradient norm; <= 0 disables clipping
+    # what a step's Σ(w·CE) is divided by: "step" = the global step's Σw (how trainers normalise: a step's blocks
+    # share one unit of weight, so a step of few documents gives each more); "epoch" = one constant per epoch,
+    # the epoch's Σw over its steps (every block weighs the same in every step: the mechanism ablation's arm)
+    loss_normaliser: str = "step"
 
     def __post_init__(self) -> None:
+        if self.loss_normaliser not in LOSS_NORMALISERS:
+            raise ValueError(f"optim.loss_normaliser={self.loss_normaliser!r}: choose one of {', '.join(LOSS_NORMALISERS)} "
+                             "(step: the step's Σw; epoch: the epoch's Σw over its steps)")
         _at_least("optim.lr", self.lr, 0.0)
         _at_least("optim.weight_decay", self.weight_decay, 0.0)
         for name, beta in (("optim.beta1", self.beta1), ("optim.beta2", self.beta2)):
@@ -364,6 +375,11 @@ class RunConfig:
             raise ValueError(
                 f"topology=disaggregated needs trainer.nproc=topology.target_ranks + topology.drafter_ranks = "
                 f"{topology.world_size} (got trainer.nproc=1); set trainer.nproc={topology.world_size}"
+            )
+        if self.optim.loss_normaliser == "epoch" and self.drafter.max_blocks is not None:
+            raise ValueError(
+                f"optim.loss_normaliser=epoch needs drafter.max_blocks=null (got {self.drafter.max_blocks}): "
+                "under a cap per micro-batch a sample's Σw depends on its neighbours, so no epoch constant exists"
             )
 
     # typed views of the groups kept as plain mappings ----------------------------------------

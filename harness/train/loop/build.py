@@ -20,6 +20,7 @@ from harness.train.loop.consumed import ConsumedSamples
 from harness.train.loop.epoch_data import EpochData
 from harness.train.loop.evaluator import Evaluator
 from harness.train.loop.grad_stats import GradientStatistics, summing_comm_hook
+from harness.train.loop.loss_normaliser import LossNormaliser
 from harness.train.loop.lr_schedule import TokenCosineSchedule
 from harness.train.loop.metrics import build_logger
 from harness.train.loop.train_state import TrainState
@@ -74,7 +75,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     logger = build_logger(config, run_dir, env.is_main, state.global_step if resumed else None, config_dict)
     return Trainer(config=config, run_dir=run_dir, comm=comm, status=status, data=data, model=model,
                    optimizer=optimizer, schedule=schedule, source=source, grads=grads, evaluator=evaluator,
-                   consumed=consumed, checkpoints=checkpoints, logger=logger, state=state)
+                   consumed=consumed, checkpoints=checkpoints, logger=logger, state=state,
+                   normaliser=LossNormaliser(config.optim.loss_normaliser, data, train_collate))
 
 
 def resume(checkpoints: CheckpointManager, data: EpochData, state: TrainState, consumed: ConsumedSamples,

@@ -178,6 +178,16 @@ class EpochData:
             self._last_plan = self.strategy.plan(self.train_lengths, self.budget, **shape)
         return self._last_plan
 
+    def whole_plan(self, plan: Plan) -> Plan:
+        """``plan`` itself, or, for the rest of an epoch re-planned by an elastic resume, the whole epoch's plan for
+        this shape (not kept: :meth:`plan_epoch`'s plan stays the one the run trains on)."""
+        if not self.replanned(plan.epoch):
+            return plan
+        cfg = self.config
+        return self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=plan.epoch,
+                                  world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
+                                  balance=cfg.balance, step_tokens=cfg.trainer.step_tokens)
+
     def replanned(self, epoch: int) -> bool:
         """Is ``epoch`` the rest of an epoch re-planned by an elastic resume?"""
         return self._replanned is not None and self._replanned[0] == epoch

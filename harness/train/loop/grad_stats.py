@@ -11,7 +11,12 @@ the global objective (so the step's gradient is ``G_W = Σ_k g_k``), ``W_k`` its
   ``tr Σ ≈ (|G_k|² − |G_W|²) / (1/W_k − 1/W)``, averaged over the small batches;
   ``B_simple = EMA(tr Σ) / EMA(|G|²)``, in units of loss weight (decayed supervised labels).
 * Yin et al. 2018 (arXiv 1706.05699): Δ of ``n`` samples ``= Σ_i |∇_i|² / |Σ_i ∇_i|²``; for the step's
-  unit-weight samples it is ``(1 + B_simple) / (W + B_simple)``, which is what ``grad_diversity`` reports.
+  unit-weight samples it is ``(1 + B_simple) / (W + B_simple)``, which is what ``grad_diversity`` reports. It
+  falls as a step holds more weight: documents weigh about alike (anchors are capped per document), so a
+  strategy whose steps hold few documents (sorted) shows a high Δ whatever its gradients. Compare strategies by
+  ``grad_sample_diversity = 1 + B_simple = E|∇_i|² / |E ∇_i|²`` of one unit of weight instead: 1 when every
+  sample's gradient is the step's mean, larger as they disagree, with no step size in it (validated on
+  synthetic gradients with a known answer: ``benchmarks/diversity_estimator.py``).
   Δ *between micro-batches or ranks* is not reported: with identical per-sample gradients it equals
   ``Σ (W_k / W)²``, which differs by strategy with no gradient difference at all.
 
@@ -139,7 +144,7 @@ class GradientNoise:
         scale = max(self.trace_ema, 0.0) / max(self.g2_ema, floor)
         return {"grad_norm_sq_big": big_sq, "grad_norm_sq_estimate": g2, "grad_trace_estimate": trace,
                 "grad_noise_scale": scale, "grad_diversity": (1.0 + scale) / (weight + scale),
-                "grad_noise_floored": self.g2_ema < floor}
+                "grad_sample_diversity": 1.0 + scale, "grad_noise_floored": self.g2_ema < floor}
 
     def state_dict(self) -> dict[str, float | None]:
         return {"g2_ema": self.g2_ema, "trace_ema": self.trace_ema, "big_ema": self.big_ema}
@@ -190,24 +195,30 @@ class GradientStatistics:
         if weight_sum > 0:
             self._small.append((float(contribution.square().sum()), weight_sum))
 
-    def end_step(self, global_weight: float, local_weight: float) -> dict[str, Any]:
-        """After the last backward (before clipping): the step's gradient-statistics record entries."""
+    def end_step(self, global_weight: float, local_weight: float, divisor: float | None = None) -> dict[str, Any]:
+        """After the last backward (before clipping): the step's gradient-statistics record entries. ``divisor``: what
+        the step's loss was divided by when not its Σw (``optim.loss_normaliser=epoch``): the gradients are then
+        ``W / divisor`` times the mean-loss gradients the estimators take, and are scaled back here."""
         stats: dict[str, Any] = {}
+        rescale = 1.0 if divisor is None or global_weight <= 0 else (divisor / global_weight) ** 2
         if self._mode == "ranks":  # each rank estimates from its own share; one all-reduce sums the estimates
             local_sq, big_sq = self.bucket_norms.stop()
+            local_sq, big_sq = local_sq * rescale, big_sq * rescale
             mine = [(local_sq, local_weight)] if local_weight > 0 else []
             sums = self.comm.all_reduce_sum(torch.tensor(self._estimate(mine, big_sq, global_weight),
                                                          dtype=torch.float64))
             stats = self.noise.update(float(sums[0]), float(sums[1]), int(sums[2]), big_sq, global_weight)
         elif self._mode == "accumulation":
-            big_sq = float(self._previous.square().sum())
-            stats = self.noise.update(*self._estimate(self._small, big_sq, global_weight), big_sq, global_weight)
+            big_sq = float(self._previous.square().sum()) * rescale
+            small = [(sq * rescale, w) for sq, w in self._small]
+            stats = self.noise.update(*self._estimate(small, big_sq, global_weight), big_sq, global_weight)
             self._previous = None
-        record = {k: v for k, v in stats.items() if k not in ("grad_diversity", "grad_noise_scale")}
+        record = {k: v for k, v in stats.items()
+                  if k not in ("grad_diversity", "grad_noise_scale", "grad_sample_diversity")}
         if stats:
             self.last_diversity, self.last_noise_scale = stats["grad_diversity"], stats["grad_noise_scale"]
         record.update(grad_diversity=self.last_diversity, grad_noise_scale=self.last_noise_scale,
-                      grad_stats_measured=bool(stats))
+                      grad_sample_diversity=1.0 + self.last_noise_scale, grad_stats_measured=bool(stats))
         return record
 
     @staticmethod

@@ -4,7 +4,8 @@ Per optimizer step, on every rank, for each of its ``grad_accum`` micro-batches 
 target features (computed here or received: the rank's
 :class:`~harness.train.placement.feature_source.FeatureSource`) →
 drafter forward and backward of ``Σ(w·CE) / W``, where ``W`` = Σw over the *whole global step* (every
-rank, every micro-batch), all-reduced from the collated Σw **before** the first backward. DDP syncs only on
+rank, every micro-batch), all-reduced from the collated Σw **before** the first backward (or one constant per
+epoch: :mod:`~harness.train.loop.loss_normaliser`). DDP syncs only on
 the last micro-batch and sums gradients (its division by world size is undone by
 :func:`~harness.train.loop.grad_stats.summing_comm_hook`), so the gradient is exactly that of the global
 objective whatever the grouping. Then clip on the global norm, AdamW, and a cosine schedule in tokens seen.
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # the components, typed by what the trainer asks of them
     from harness.train.loop.epoch_data import EpochData
     from harness.train.loop.evaluator import Evaluator
     from harness.train.loop.grad_stats import GradientStatistics
+    from harness.train.loop.loss_normaliser import LossNormaliser
     from harness.train.loop.lr_schedule import TokenCosineSchedule
     from harness.train.loop.metrics import MetricSink
     from harness.train.loop.train_state import TrainState
@@ -68,11 +70,13 @@ class Trainer:
     def __init__(self, *, config: RunConfig, run_dir: Path, comm: Collectives, status: RankStatus, data: EpochData,
                  model: DrafterModel, optimizer: torch.optim.Optimizer, schedule: TokenCosineSchedule,
                  source: FeatureSource, grads: GradientStatistics, evaluator: Evaluator, consumed: ConsumedSamples,
-                 checkpoints: CheckpointManager, logger: MetricSink, state: TrainState) -> None:
+                 checkpoints: CheckpointManager, logger: MetricSink, state: TrainState,
+                 normaliser: LossNormaliser) -> None:
         self.config, self.run_dir, self.comm, self.env, self.status = config, run_dir, comm, comm.env, status
         self.data, self.model, self.optimizer, self.schedule = data, model, optimizer, schedule
         self.source, self.grads, self.evaluator = source, grads, evaluator
         self.consumed, self.checkpoints, self.logger, self.state = consumed, checkpoints, logger, state
+        self.normaliser = normaliser
         self.cadence = Cadence.of(config.eval, config.checkpoint, data)  # when to evaluate, checkpoint and stop
         self.signal_received = False  # set by a stop signal's handler, at any moment; never cleared
         self.stop_requested = False  # the job's decision, the same on every rank: some rank had a signal
@@ -133,6 +137,7 @@ class Trainer:
         # a re-planned rest of an epoch (elastic resume) logged its epoch's plan metrics before
         epoch_record = (self._plan_record(plan) if state.step_in_epoch == 0 and not self.data.replanned(plan.epoch)
                         else {})
+        self.normaliser.start_epoch(plan)
         epoch_batches = self.source.batches(plan, state.step_in_epoch, state.global_step)
         try:
             for step, batches, data_wait in epoch_batches:
@@ -167,9 +172,10 @@ class Trainer:
             epoch_batches.close()
 
     # ------------------------------------------------------------------ one step
-    def forward_backward_step(self, batch: TrainingBatch, global_weight: float,
+    def forward_backward_step(self, batch: TrainingBatch, divisor: float,
                               sync: bool) -> tuple[DrafterLoss, float, float]:
-        """Target features, drafter forward + backward of ``Σ(w·CE) / W``; returns the sums and the two stage times."""
+        """Target features, drafter forward + backward of ``Σ(w·CE) / divisor``; returns the sums and the two stage
+        times."""
         started = time.perf_counter()
         step = self.state.global_step + 1
         features = self.source.features(batch, step)
@@ -180,7 +186,7 @@ class Trainer:
             with self.model.autocast():
                 sums = self.model.objective(batch, features)
             self.status.stage("drafter_backward", step)  # with DDP's gradient all-reduce on the last micro-batch
-            (sums.weighted_ce_sum / global_weight).backward()
+            (sums.weighted_ce_sum / divisor).backward()
         self.model.synchronize()
         return sums.detach(), target_done - started, time.perf_counter() - target_done
 
@@ -191,16 +197,16 @@ class Trainer:
         self.status.stage("weight_all_reduce", step)
         local_weight = sum(b.weight_sum for b in batches)
         weight = float(self.comm.all_reduce_sum(torch.tensor([local_weight], dtype=torch.float64))[0])
+        divisor = self.normaliser.divisor(weight)  # W, or the epoch's constant (optim.loss_normaliser)
         self.grads.start_step(step, len(batches))
         total, target_time, drafter_time = None, 0.0, 0.0
         for k, batch in enumerate(batches):
-            sums, t_target, t_drafter = self.forward_backward_step(batch, weight if weight > 0 else 1.0,
-                                                                   sync=k == len(batches) - 1)
+            sums, t_target, t_drafter = self.forward_backward_step(batch, divisor, sync=k == len(batches) - 1)
             target_time, drafter_time = target_time + t_target, drafter_time + t_drafter
             total = sums if total is None else total + sums
             self.grads.micro_batch_done(batch.weight_sum)
         self.status.stage("optimizer", step)  # gradient statistics, clipping, metrics gather, step
-        grad_record = self.grads.end_step(weight, local_weight)
+        grad_record = self.grads.end_step(weight, local_weight, divisor)
         clip = self.config.optim.grad_clip
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters, clip if clip > 0 else math.inf))
         mine = StepStats.measure(batches, total, step_time=time.perf_counter() - started, data_wait=data_wait,
@@ -216,7 +222,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = step_record(ranks, grad_norm, lr, time.perf_counter() - optimizer_started)
-        gradients = {**grad_record, "grad_clipped": bool(clip > 0 and grad_norm > clip)}
+        gradients = {**grad_record, "grad_clipped": bool(clip > 0 and grad_norm > clip), "step_weight_sum": weight,
+                     "loss_divisor": divisor}
         self.stop_requested = bool(ranks["stop_requested"].max() > 0)
         return StepRecord.of(ranks, metrics, gradients)
 

@@ -1,0 +1,143 @@
+"""Validates the gradient-diversity estimators on synthetic per-sample gradients whose answer is known.
+
+The trainer estimates, per measured step, |G|² and tr Σ from the step's small batches (micro-batches or ranks;
+``harness/train/loop/grad_stats.py``) and reports two diversities from the noise scale ``B = tr Σ / |G|²``:
+
+* ``grad_diversity`` = Yin et al.'s Δ of the step's ``W`` unit-weight samples, ``(1 + B) / (W + B)``: it falls as a
+  step holds more weight, so a strategy whose steps hold fewer documents (sorted: few long ones) looks more
+  diverse whatever its gradients;
+* ``grad_sample_diversity`` = ``1 + B`` = E|g|² / |E g|² of one unit of loss weight: 1 when every sample's
+  gradient is the step's mean, larger as they disagree; no step size in it.
+
+Two synthetic worlds, each with two arms that differ in how samples are grouped into equal-token steps: a step
+holds 32 short samples or 8 long ones (sorted) or 16 and 4 (mixed), split in two micro-batches; every sample weighs
+1, as the trainer's documents weigh about alike (anchors are capped per document), so a step's weight follows its
+sample count:
+
+* ``length``: a sample's gradient follows its length (short ones around one direction, long ones around an
+  orthogonal one). The *sorted* arm's steps hold one length each, so their samples agree; the *mixed* arm's
+  steps hold both lengths and disagree more. Known answer: sorted less diverse than mixed.
+* ``topic``: a sample's gradient follows a topic independent of its length. The *sorted* arm's steps hold one
+  length and both topics; the *mixed* arm's steps hold both lengths of one topic. Known answer: sorted more
+  diverse than mixed (the reverse).
+
+The known answer is the generating distribution's own ``1 + E tr Σ_step / E |μ_step|²`` over the arm's steps.
+Both estimators see exactly the small-batch norms the trainer sees (``GradientStatistics``'s estimates and
+``GradientNoise``), averaged over the measured steps as the run summary averages them
+(``harness/step_averages.py``).
+
+    python benchmarks/diversity_estimator.py            # the table over 10 seeds, for RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.train.loop.grad_stats import GradientNoise, GradientStatistics  # noqa: E402
+
+WORLDS = ("length", "topic")
+ARMS = ("sorted", "mixed")
+DIM = 256
+SHORT_WEIGHT, LONG_WEIGHT = 1.0, 1.0  # anchors are capped per document: a document's Σw hardly follows its length
+NOISE = 0.8  # per-sample spread around its class mean, in units of |mean| = 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    world: str
+    arm: str
+    seed: int
+    truth: float  # 1 + E tr Σ_step / E |μ_step|² of the generating distribution
+    sample_diversity: float  # mean over steps of 1 + B (grad_sample_diversity)
+    yin_delta: float  # mean over steps of (1 + B) / (W + B) (grad_diversity)
+    mean_step_weight: float
+
+
+def _steps(world: str, arm: str) -> list[list[tuple[float, int]]]:
+    """Every step as (weight, class) of its samples; a class is a gradient direction (0 or 1)."""
+    short_step = [(SHORT_WEIGHT, 0)] * 32  # 32 short samples
+    long_step = [(LONG_WEIGHT, 1)] * 8  # 8 long ones
+    if world == "length":  # class = length
+        if arm == "sorted":
+            return [short_step, long_step] * 40
+        return [[(SHORT_WEIGHT, 0)] * 16 + [(LONG_WEIGHT, 1)] * 4] * 80
+    # topic world: class = topic, independent of length
+    if arm == "sorted":  # one length, both topics
+        return [[(SHORT_WEIGHT, k % 2) for k in range(32)], [(LONG_WEIGHT, k % 2) for k in range(8)]] * 40
+    return [[(SHORT_WEIGHT, t)] * 16 + [(LONG_WEIGHT, t)] * 4 for t in (0, 1)] * 40  # one topic, both lengths
+
+
+def _truth(steps: list[list[tuple[float, int]]], means: np.ndarray) -> float:
+    """1 + Σ_steps E tr Σ / Σ_steps |μ|², the step's population: its classes in its weight proportions."""
+    trace_sum = g2_sum = 0.0
+    for step in steps:
+        weights = np.array([w for w, _ in step])
+        classes = np.array([c for _, c in step])
+        shares = np.array([weights[classes == c].sum() for c in (0, 1)]) / weights.sum()
+        mu = shares @ means
+        between = float(sum(s * np.sum((means[c] - mu) ** 2) for c, s in enumerate(shares)))
+        trace_sum += NOISE ** 2 + between
+        g2_sum += float(mu @ mu)
+    return 1.0 + trace_sum / g2_sum
+
+
+def simulate(world: str, arm: str, seed: int) -> Outcome:
+    """One synthetic run of ``world`` under ``arm``: every step's small-batch norms through the trainer's
+    estimators."""
+    rng = np.random.default_rng([seed, WORLDS.index(world), ARMS.index(arm)])
+    means = np.zeros((2, DIM))
+    means[0, 0] = means[1, 1] = 1.0  # two orthogonal unit directions
+    steps = _steps(world, arm)
+    noise = GradientNoise(ema=0.9)
+    sample_div, yin = [], []
+    for step in steps:
+        order = rng.permutation(len(step))
+        weights = np.array([step[i][0] for i in order])
+        classes = np.array([step[i][1] for i in order])
+        grads = means[classes] + rng.normal(size=(len(step), DIM)) * (NOISE / np.sqrt(DIM))
+        total = weights.sum()
+        contributions = [(weights[part, None] * grads[part]).sum(0) / total for part in np.array_split(np.arange(len(step)), 2)]
+        small = [(float(c @ c), float(weights[part].sum()))
+                 for c, part in zip(contributions, np.array_split(np.arange(len(step)), 2))]
+        big = sum(contributions)
+        stats = noise.update(*GradientStatistics._estimate(small, float(big @ big), total), float(big @ big), total)
+        sample_div.append(stats["grad_sample_diversity"])
+        yin.append(stats["grad_diversity"])
+    return Outcome(world, arm, seed, _truth(steps, means), float(np.mean(sample_div)), float(np.mean(yin)),
+                   float(np.mean([sum(w for w, _ in s) for s in steps])))
+
+
+def table(seeds: range) -> list[dict[str, float | str]]:
+    """Per world and arm: the known answer, each estimator's mean and standard deviation over ``seeds``."""
+    rows = []
+    for world in WORLDS:
+        for arm in ARMS:
+            runs = [simulate(world, arm, seed) for seed in seeds]
+            sample = np.array([r.sample_diversity for r in runs])
+            yin = np.array([r.yin_delta for r in runs])
+            rows.append({"world": world, "arm": arm, "truth": runs[0].truth, "sample_mean": sample.mean(),
+                         "sample_sd": sample.std(ddof=1), "yin_mean": yin.mean(), "yin_sd": yin.std(ddof=1)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    args = parser.parse_args()
+    print("| world | arm | known 1 + trΣ/|μ|² | grad_sample_diversity (mean ± sd) | grad_diversity Δ (mean ± sd) |")
+    print("|---|---|---:|---:|---:|")
+    for row in table(range(args.seeds)):
+        print(f"| {row['world']} | {row['arm']} | {row['truth']:.3f} | {row['sample_mean']:.3f} ± {row['sample_sd']:.3f} "
+              f"| {row['yin_mean']:.3f} ± {row['yin_sd']:.3f} |")
+    print(f"({args.seeds} seeds; every step measured; EMA 0.9; dimension {DIM}; noise {NOISE})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,14 +1,18 @@
-"""The main job's learning rate, chosen alike for every strategy: a grid of learning rates at the demo's budget.
+"""The main job's learning rate, chosen without the test: a bracketed grid, on the validation split, on seeds the
+main job does not use.
 
-Every strategy trains with the main job's settings (``experiment=strategies``: regenerated completions,
-equal-token steps, the same tokens) at every learning rate of the grid, seed 0; the learning rate with the
-lowest held-out loss *averaged over the strategies* is the one the main job uses — never a learning rate per
-strategy. The table also shows each learning rate's ranking of the strategies, so a reader sees whether a
-conclusion would change with the learning rate, and the share of steps whose gradient was clipped.
+sorted and packed (by default; ``--strategies``) train with the main job's settings (``experiment=strategies``:
+regenerated completions, equal-token steps, the same tokens, the same training rows) at every learning rate of
+the grid and every tuning seed (default 200, 201: neither the pilot's 0–2 nor the confirmatory 100–109), and
+are evaluated on the *validation* rows (``eval.split=validation``: ``data.validation_fraction`` of the training
+rows, set aside in the main job too, never trained on), never on the held-out test rows. The learning rate with
+the lowest validation loss averaged over strategies and seeds is the main job's, for every strategy — unless it
+sits at the grid's edge, which the table says (extend the grid then). Each strategy's own best learning rate is
+listed too: the secondary comparison of the main job (each strategy at its own best lr) reads it.
 
     python benchmarks/lr_sweep.py                        # print the table
     python benchmarks/lr_sweep.py --write                # also rewrite its section of RESULTS.md
-    python benchmarks/lr_sweep.py --lrs 3e-3,6e-3,1.2e-2 # another grid
+    python benchmarks/lr_sweep.py --lrs 1e-2,2e-2,4e-2   # another grid
     python benchmarks/lr_sweep.py --runs-dir DIR         # keep the runs (and reuse them when rerun)
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import statistics
 import sys
 import tempfile
@@ -28,16 +33,25 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from results_file import cpu_model, stop_words, write_section  # noqa: E402
 
-TITLE = "## Learning rate of the main job (lr sweep, every strategy alike)"
-METRICS = (("eval_loss", "held-out loss", "{:.3f}"), ("eval_tau", "τ", "{:.2f}"),
-           ("eval_tau_real", "τ real", "{:.2f}"), ("clip_fraction", "clipped", "{:.0%}"))
+TITLE = "## Learning rate of the main job (lr sweep on the validation split, own seeds)"
+METRICS = (("eval_loss", "validation loss", "{:.3f}"), ("eval_tau_real", "τ real", "{:.2f}"),
+           ("clip_fraction", "clipped", "{:.0%}"))
+#: the tuning seeds: none of the main job's (pilot 0-2, confirmatory 100-109)
+TUNING_SEEDS = "200,201"
+
+
+def chosen_lr(mean_loss: dict[float, float]) -> tuple[float, bool]:
+    """The learning rate of the lowest mean validation loss, and whether it lies inside the grid (not at an edge)."""
+    lrs = sorted(mean_loss)
+    best = min(lrs, key=mean_loss.get)
+    return best, lrs[0] < best < lrs[-1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lrs", default="5e-3,1e-2,2e-2,4e-2", help="comma-separated learning rates")
-    parser.add_argument("--strategies", default=None, help="comma-separated (default: every registered strategy)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lrs", default="1e-2,2e-2,4e-2,8e-2", help="comma-separated learning rates")
+    parser.add_argument("--strategies", default="sorted,packed", help="comma-separated strategies")
+    parser.add_argument("--seeds", default=TUNING_SEEDS, help="comma-separated tuning seeds")
     parser.add_argument("--runs-dir", default=None,
                         help="keep the runs here (a complete run found there is reused, so a grid can be extended); "
                              "default: a temporary directory")
@@ -47,58 +61,57 @@ def main() -> None:
     from harness.train.config import compose_run_config as compose
     from harness.train.launch.run import run
 
-    from strategies import report_order
-
     lrs = sorted(float(v) for v in args.lrs.split(","))
-    strategies = args.strategies.split(",") if args.strategies else report_order()
-    results: dict[tuple[float, str], dict] = {}
+    strategies = args.strategies.split(",")
+    seeds = [int(v) for v in args.seeds.split(",")]
+    results: dict[tuple[float, str, int], dict] = {}
     reused = 0
     started = time.time()
     with tempfile.TemporaryDirectory() as temporary:
         scratch = args.runs_dir or temporary
-        for lr in sorted(lrs, reverse=True):  # the largest first: a grid that must grow usually grows upwards
-            for strategy in strategies:
-                overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={args.seed}", f"optim.lr={lr}",
-                             "logger=none", "trainer.progress=false"]
-                run_dir = Path(scratch) / f"{strategy}-{lr}"
-                reused += (run_dir / "summary.json").exists()
-                summary = run(compose(overrides), run_dir)
-                results[lr, strategy] = summary
-                print(f"lr {lr:g} {strategy}: held-out loss {summary['eval_loss']:.3f}, τ real "
-                      f"{summary['eval_tau_real']:.2f}, clipped {summary['clip_fraction']:.0%}", flush=True)
+        for seed in seeds:  # seeds outermost, then the largest lr first
+            for lr in sorted(lrs, reverse=True):
+                for strategy in strategies:
+                    overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={seed}", f"optim.lr={lr}",
+                                 "eval.split=validation", "logger=none", "trainer.progress=false"]
+                    run_dir = Path(scratch) / f"{strategy}-{lr}-s{seed}"
+                    reused += (run_dir / "summary.json").exists()
+                    summary = run(compose(overrides), run_dir)
+                    assert summary["eval_split"] == "validation"
+                    results[lr, strategy, seed] = summary
+                    print(f"seed {seed} lr {lr:g} {strategy}: validation loss {summary['eval_loss']:.3f}, τ real "
+                          f"{summary['eval_tau_real']:.2f}, clipped {summary['clip_fraction']:.0%}", flush=True)
         config = compose(["experiment=strategies"])
     elapsed = time.time() - started
 
-    mean_loss = {lr: statistics.mean(results[lr, s]["eval_loss"] for s in strategies) for lr in lrs}
-    chosen = min(lrs, key=mean_loss.get)
-    lines = [f"| lr | mean held-out loss | ranking by held-out loss (best first) | "
-             + " | ".join(strategies) + " |",
-             "|---|---|---|" + "---|" * len(strategies)]
+    def mean(lr: float, strategy: str, key: str) -> float:
+        return statistics.mean(results[lr, strategy, seed][key] for seed in seeds)
+
+    mean_loss = {lr: statistics.mean(mean(lr, s, "eval_loss") for s in strategies) for lr in lrs}
+    chosen, inside = chosen_lr(mean_loss)
+    own_best = {s: chosen_lr({lr: mean(lr, s, "eval_loss") for lr in lrs}) for s in strategies}
+    lines = ["| lr | mean validation loss | " + " | ".join(strategies) + " |", "|---|---|" + "---|" * len(strategies)]
     for lr in lrs:
-        ranking = sorted(strategies, key=lambda s: results[lr, s]["eval_loss"])
-        cells = [" / ".join(fmt.format(results[lr, s][key]) for key, _, fmt in METRICS) for s in strategies]
+        cells = [" / ".join(fmt.format(mean(lr, s, key)) for key, _, fmt in METRICS) for s in strategies]
         mark = " (chosen)" if lr == chosen else ""
-        lines.append(f"| {lr:g}{mark} | {mean_loss[lr]:.3f} | {' < '.join(ranking)} | " + " | ".join(cells) + " |")
-    flips = [f"{a} and {b}" for i, a in enumerate(strategies) for b in strategies[i + 1:]
-             if len({results[lr, a]["eval_loss"] < results[lr, b]["eval_loss"] for lr in lrs}) > 1]
-    ranking_sentence = ("is the same at every learning rate." if not flips else
-                        f"changes with the learning rate for {', '.join(flips)} (their order flips within the grid); "
-                        "every other pair keeps its order at every learning rate.")
-    trainer, optim = config["trainer"], config["optim"]
+        lines.append(f"| {lr:g}{mark} | {mean_loss[lr]:.3f} | " + " | ".join(cells) + " |")
+    verdict = (f"**{chosen:g}**, inside the grid (a worse learning rate on each side)" if inside else
+               f"{chosen:g}, at the grid's edge: extend the grid (`--lrs`) before using it")
+    own = "; ".join(f"{s} {best:g}" + ("" if ok else " (at the edge)") for s, (best, ok) in own_best.items())
+    trainer, optim, data = config["trainer"], config["optim"], config["data"]
     section = (
         f"{TITLE}\n\n"
-        f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, seed={args.seed}). Machine: "
-        f"{cpu_model()}, {__import__('os').cpu_count()} cores, shared. Date: {datetime.date.today().isoformat()}. "
-        f"Took {elapsed / 60:.1f} min"
-        + (f" ({reused} of {len(results)} runs reused from --runs-dir, each {sum(r['wall_time_s'] for r in results.values()) / len(results):.0f} s of training wall time)" if reused else "")
-        + ".\n\n"
-        f"Each cell is one run of the main job's settings (`experiment=strategies`: regenerated completions, "
-        f"step_tokens={trainer['step_tokens']}, "
-        + stop_words(trainer) + ", warmup "
-        f"{optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate: held-out loss / "
-        f"τ / τ real / share of clipped steps. The learning rate with the lowest mean held-out loss over the "
-        f"strategies is chosen for all of them: **{chosen:g}**. The ranking of the strategies "
-        + ranking_sentence + "\n\n" + "\n".join(lines) + "\n"
+        f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, strategies={args.strategies}, "
+        f"seeds={args.seeds}). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
+        f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min"
+        + (f" ({reused} of {len(results)} runs reused from --runs-dir)" if reused else "") + ".\n\n"
+        f"Each cell is the mean over the tuning seeds of runs of the main job's settings (`experiment=strategies`: "
+        f"regenerated completions, step_tokens={trainer['step_tokens']}, " + stop_words(trainer)
+        + f", warmup {optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate, evaluated on "
+        f"the validation split (data.validation_fraction={data['validation_fraction']:g} of the training rows, held "
+        f"out of every run of the main job; never the test rows): validation loss / τ real / share of clipped steps. "
+        f"The learning rate of the lowest mean validation loss over strategies and seeds is the main job's, for "
+        f"every strategy: {verdict}. Each strategy's own best: {own}.\n\n" + "\n".join(lines) + "\n"
     )
     print(section)
     if args.write:

@@ -60,6 +60,9 @@ def _assert_same_run(reference, run_dir):
             reference / "consumed" / f"rank{rank}.jsonl")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["samples_seen_once"] is True and summary["status"] == "complete"
+    # the per-sample evaluation too: the lines after the checkpoint were dropped and written again, once
+    per_sample = read_jsonl(reference / "eval_samples.jsonl")
+    assert per_sample and read_jsonl(run_dir / "eval_samples.jsonl") == per_sample
 
 
 def test_killed_run_resumes_exactly(tmp_path, reference):

@@ -44,6 +44,10 @@ class DataConfig:
         heldout_fraction: fraction of samples held out for evaluation, in [0, 1).
         max_heldout: cap on the number of held-out samples (``None``: no cap).
         heldout_seed: the held-out split's own seed: the same for every strategy and run seed.
+        validation_fraction: fraction of the *training* rows set aside as a validation split (never trained
+            on, by the drafter or by a pretrained target, and apart from the held-out test rows) for tuning,
+            e.g. the learning rate (``eval.split=validation``); 0: none.
+        max_validation: cap on the number of validation rows (``None``: no cap).
         no_anchor: what to do with a sample that has no position able to anchor a drafter block:
             ``"drop"`` (dropped and counted) or ``"error"``.
         cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
@@ -76,6 +80,8 @@ class DataConfig:
     heldout_fraction: float = 0.05
     max_heldout: int | None = 256
     heldout_seed: int = 1234
+    validation_fraction: float = 0.0
+    max_validation: int | None = 256
     no_anchor: str = "drop"
     cache_dir: str | None = None
     completions: str = "corpus"
@@ -119,6 +125,14 @@ class DataConfig:
         _check_int("max_heldout", self.max_heldout, allow_none=True, minimum=1,
                    why="use heldout_fraction=0 to hold nothing out, or null for no cap")
         _check_int("heldout_seed", self.heldout_seed, minimum=0)
+        if isinstance(self.validation_fraction, bool) or not isinstance(self.validation_fraction, (int, float)) \
+                or not 0.0 <= float(self.validation_fraction) < 1.0:
+            raise DataConfigError(
+                f"data.validation_fraction={self.validation_fraction!r}: give a number in [0, 1), e.g. 0.1 "
+                "(0: no validation split)"
+            )
+        _check_int("max_validation", self.max_validation, allow_none=True, minimum=1,
+                   why="use validation_fraction=0 for no validation split, or null for no cap")
         if self.no_anchor not in NO_ANCHOR_CHOICES:
             raise DataConfigError(
                 f"data.no_anchor={self.no_anchor!r}: choose one of {list(NO_ANCHOR_CHOICES)} "

@@ -6,7 +6,8 @@ cached on first use, or a saved dataset / parquet / JSON lines file) as a memory
 Arrow list offsets.
 
 ``heldout_split(n, cfg)`` splits row indices into train and held-out sets from ``cfg.heldout_*``
-only: the same held-out rows for every strategy and run seed.
+only: the same held-out rows for every strategy and run seed. ``validation_split(train, cfg)`` sets a
+validation split aside from the training rows (``cfg.validation_*``), for tuning without the test rows.
 
 ``validate_samples(...)`` checks the rows a run will use against the target's vocabulary and the
 drafter's block size, vectorised over Arrow buffers (no Python loop over rows): ids in range,
@@ -36,6 +37,7 @@ __all__ = [
     "heldout_split",
     "load_samples",
     "validate_samples",
+    "validation_split",
 ]
 
 # Tokens per window of the anchor scan: bounds its temporary arrays (about 9 bytes per token).
@@ -207,6 +209,27 @@ def heldout_split(num_samples: int, cfg: DataConfig) -> tuple[np.ndarray, np.nda
     heldout = np.sort(order[:count]).astype(np.int64)
     train = np.sort(order[count:]).astype(np.int64)
     return train, heldout
+
+
+#: the last entry of the validation split's seed sequence (keeps its draw apart from the held-out one's)
+VALIDATION_PURPOSE = 0x5A11_D001
+
+
+def validation_split(train_rows: np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(train_rows, validation_rows)``: the validation split set aside from :func:`heldout_split`'s training rows,
+    sorted int64, disjoint. The count is ``ceil(validation_fraction * len(train_rows))``, capped by
+    ``max_validation`` and by ``len(train_rows) - 1``; the rows are a random draw from
+    ``numpy.random.default_rng([heldout_seed, VALIDATION_PURPOSE])``: never the run seed or the strategy. With
+    ``validation_fraction=0`` the training rows are returned whole."""
+    rows = np.asarray(train_rows, dtype=np.int64)
+    count = math.ceil(float(cfg.validation_fraction) * rows.size) if cfg.validation_fraction > 0 else 0
+    if cfg.max_validation is not None:
+        count = min(count, cfg.max_validation)
+    count = max(0, min(count, rows.size - 1))
+    if count == 0:
+        return rows, np.zeros(0, dtype=np.int64)
+    order = np.random.default_rng([cfg.heldout_seed, VALIDATION_PURPOSE]).permutation(rows.size)
+    return np.sort(rows[order[count:]]), np.sort(rows[order[:count]])
 
 
 @dataclass(eq=False)

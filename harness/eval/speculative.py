@@ -303,7 +303,8 @@ def evaluate_acceptance(
         round), nor that a verification forward over ``B`` new positions costs more than a one-token
         decoding step; it is a bound, not a measured speed-up.
         ``eval_prompts``: number of prompts; ``eval_real_tokens``, ``eval_real_target_forwards``:
-        the totals behind the ratios; ``eval_real_time_s``: wall time of the decoding.
+        the totals behind the ratios; ``eval_real_time_s``: wall time of the decoding;
+        ``eval_accepted_per_prompt``: per prompt, the tokens each of its verification forwards gained.
 
     Runs under ``torch.no_grad`` with the modules in eval mode; the drafter's training mode is
     restored afterwards. Prompts are decoded ``batch_size`` at a time (padded rows, independent).
@@ -333,4 +334,5 @@ def evaluate_acceptance(
         "eval_real_tokens": tokens,
         "eval_real_target_forwards": forwards,
         "eval_real_time_s": elapsed,
+        "eval_accepted_per_prompt": [list(r.accepted_per_forward) for r in results],
     }

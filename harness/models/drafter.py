@@ -69,7 +69,7 @@ from harness.models.drafter_config import (
     load_drafter_config,
 )
 from harness.models.drafter_inputs import DrafterInputs, _check_token_ids
-from harness.models.drafter_loss import DrafterLoss, chunked_drafter_loss, drafter_loss
+from harness.models.drafter_loss import BlockLosses, DrafterLoss, block_losses, chunked_drafter_loss, drafter_loss
 from harness.models.layout import TokenBatch
 
 __all__ = [
@@ -331,6 +331,14 @@ class DFlashDrafter(nn.Module):
             inputs.layout.keep, self.config.loss_chunk_blocks,
         )
         return self._keep_parameters_in_graph(result, inputs.layout.num_blocks)
+
+    @torch.no_grad()
+    def prepared_block_losses(self, inputs: DrafterInputs, hidden: torch.Tensor) -> BlockLosses:
+        """:meth:`prepared_loss`'s sums without a gradient, also kept per block (the evaluation's per-sample
+        numbers: :func:`~harness.models.drafter_loss.block_losses`)."""
+        head = self.lm_head
+        return block_losses(hidden.to(head.weight.dtype), head, inputs.labels, inputs.loss_weights,
+                            inputs.label_valid, inputs.layout.keep, self.config.loss_chunk_blocks)
 
     def empty_loss(self, device: torch.device | str) -> DrafterLoss:
         """The sums of a micro-batch with no token at all (a short last step): zeros, with every trainable

@@ -246,3 +246,49 @@ def chunked_drafter_loss(
         blocks_computed=torch.full((), float(hidden.shape[0]), dtype=dtype, device=hidden.device),
         **stats,
     )
+
+
+@dataclass
+class BlockLosses:
+    """Per block of a micro-batch (evaluation): its Σw·CE, Σw and teacher-forced τ (0 for a padding block), and
+    the micro-batch's :class:`DrafterLoss` sums computed from the same logits."""
+
+    weighted_ce: torch.Tensor  # [NB]
+    weight: torch.Tensor  # [NB]
+    tau: torch.Tensor  # [NB]
+    sums: DrafterLoss
+
+
+@torch.no_grad()
+def block_losses(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor,
+    label_valid: torch.Tensor,
+    keep: torch.Tensor,
+    chunk_blocks: int,
+) -> BlockLosses:
+    """:func:`chunked_drafter_loss`'s sums without a gradient, kept per block as well (the evaluation's
+    per-sample numbers; one LM-head pass, ``chunk_blocks`` blocks at a time)."""
+    if chunk_blocks < 1:
+        raise ValueError(f"chunk_blocks must be at least 1, got {chunk_blocks}")
+    num_blocks, num_slots, width = hidden.shape
+    dtype = torch.promote_types(lm_head.weight.dtype, torch.float32)
+    weighted_ce = torch.zeros(num_blocks, dtype=dtype, device=hidden.device)
+    correct = torch.zeros(num_blocks, num_slots, dtype=torch.bool, device=hidden.device)
+    for start in range(0, num_blocks, chunk_blocks):
+        stop = min(start + chunk_blocks, num_blocks)
+        logits = lm_head(hidden[start:stop].reshape(-1, width))
+        y = labels[start:stop].reshape(-1)
+        correct[start:stop] = (logits.argmax(dim=-1) == y).view(stop - start, num_slots)
+        logits = logits.to(dtype)
+        ce = torch.logsumexp(logits, dim=-1) - logits.gather(1, y[:, None]).squeeze(1)
+        weighted_ce[start:stop] = (ce * loss_weights[start:stop].reshape(-1).to(dtype)).view(stop - start, -1).sum(1)
+    correct &= label_valid
+    weights = loss_weights.to(dtype)
+    tau = (1 + torch.cumprod(correct.long(), dim=1).sum(dim=1)).to(dtype) * keep.to(dtype)
+    sums = DrafterLoss(weighted_ce_sum=weighted_ce.sum(), weight_sum=weights.sum(),
+                       blocks_computed=torch.full((), float(num_blocks), dtype=dtype, device=hidden.device),
+                       **_block_statistics(correct, label_valid, keep, dtype))
+    return BlockLosses(weighted_ce=weighted_ce, weight=weights.sum(dim=1), tau=tau, sums=sums)

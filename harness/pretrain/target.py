@@ -157,17 +157,21 @@ def pretrained_target(
     progress: bool = True,
 ) -> PretrainedTarget:
     """:func:`ensure_pretrained_target`, also returning ``meta.json`` and whether this call trained."""
-    from harness.data.samples import heldout_split, load_samples
+    from harness.data.samples import heldout_split, load_samples, validation_split
 
     samples = load_samples(data, progress=progress)
     config = _target_config(target_kwargs, samples.vocab_size)
     train_rows, heldout_rows = heldout_split(len(samples), data)
+    train_rows, _ = validation_split(train_rows, data)  # the drafter's validation rows are the target's unseen too
     tokenizer = Path(samples.tokenizer_path) if samples.tokenizer_path else None
     payload = {
         "format": FORMAT_VERSION,
         "data": samples.fingerprint,
         "heldout": {"fraction": data.heldout_fraction, "max": data.max_heldout, "seed": data.heldout_seed,
                     "rows": len(samples)},
+        # only with a validation split (a target built before the setting existed keeps its key)
+        **({"validation": {"fraction": data.validation_fraction, "max": data.max_validation}}
+           if data.validation_fraction > 0 else {}),
         "tokenizer": (None if tokenizer is None else _file_sha256(tokenizer) if tokenizer.is_file()
                       else cache.digest(cache.tree_signature(tokenizer))),  # a chat tokenizer's directory
         "target": _config_identity(config),

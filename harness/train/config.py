@@ -157,8 +157,15 @@ class EvalConfig:
     real_prompts: int = 16
     real_new_tokens: int = 16
     real_prompt_tokens: int = 256
+    # every evaluation also writes each held-out sample's and each prompt's numbers to eval_samples.jsonl
+    per_sample: bool = True
+    # what is evaluated: "heldout" (the test rows) or "validation" (data.validation_fraction's rows: tuning)
+    split: str = "heldout"
 
     def __post_init__(self) -> None:
+        if self.split not in ("heldout", "validation"):
+            raise ValueError(f"eval.split={self.split!r}: give 'heldout' (the test rows) or 'validation' (tuning on "
+                             "data.validation_fraction's rows)")
         _at_least("eval.every_tokens", self.every_tokens, 1)
         _at_least("eval.real_prompts", self.real_prompts, 0)
         _at_least("eval.real_new_tokens", self.real_new_tokens, 1)
@@ -376,6 +383,8 @@ class RunConfig:
                 f"topology=disaggregated needs trainer.nproc=topology.target_ranks + topology.drafter_ranks = "
                 f"{topology.world_size} (got trainer.nproc=1); set trainer.nproc={topology.world_size}"
             )
+        if self.eval.split == "validation" and not self.data.validation_fraction > 0:
+            raise ValueError("eval.split=validation needs a validation split: set data.validation_fraction (e.g. 0.1)")
         if self.optim.loss_normaliser == "epoch" and self.drafter.max_blocks is not None:
             raise ValueError(
                 f"optim.loss_normaliser=epoch needs drafter.max_blocks=null (got {self.drafter.max_blocks}): "

@@ -71,7 +71,8 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
         collate=train_collate, plan_epoch=data.plan_epoch, first_epoch=state.epoch, run_dir=run_dir))
     evaluator = Evaluator(data=data, collate=eval_collate, model=model, comm=comm, status=status,
                           eval_config=config.eval, gdn_backend=trainer.gdn_backend, device=device,
-                          progress=trainer.progress)
+                          progress=trainer.progress, run_dir=run_dir,
+                          resumed_step=state.global_step if resumed else None)
     logger = build_logger(config, run_dir, env.is_main, state.global_step if resumed else None, config_dict)
     return Trainer(config=config, run_dir=run_dir, comm=comm, status=status, data=data, model=model,
                    optimizer=optimizer, schedule=schedule, source=source, grads=grads, evaluator=evaluator,

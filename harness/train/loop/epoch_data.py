@@ -11,13 +11,20 @@ rebuilds the same plan).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.data.samples import TokenizedSamples, ValidationReport, heldout_split, load_samples, validate_samples
+from harness.data.samples import (
+    TokenizedSamples,
+    ValidationReport,
+    heldout_split,
+    load_samples,
+    validate_samples,
+    validation_split,
+)
 from harness.train.config import RunConfig
 from harness.train.loop import checkpoint as ckpt
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
@@ -48,6 +55,8 @@ class Selection:
     oversize_dropped: int
     oversize_truncated: int
     max_tokens: int
+    # data.validation_fraction's rows (never trained on)
+    validation_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def words(self) -> str:
         """``92 of 114 training samples used (9 without a position to anchor a block, 13 over
@@ -68,9 +77,11 @@ def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
     bad input) and again by every rank; a ValueError names the sample, the setting and the fix."""
     vocab_size = int(config.target_kwargs.get("vocab_size") or 0)
     train_rows, heldout_rows = heldout_split(len(samples), config.data)
+    train_rows, validation_rows = validation_split(train_rows, config.data)
     check = dict(vocab_size=vocab_size, block_size=config.drafter_config.block_size, no_anchor=config.data.no_anchor)
     train_report = validate_samples(samples, train_rows, **check)
     heldout_report = validate_samples(samples, heldout_rows, **check)
+    validation_report = validate_samples(samples, validation_rows, **check)
     max_tokens, policy = config.trainer.max_tokens, config.trainer.oversize
 
     def apply_oversize(rows: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -90,7 +101,8 @@ def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
 
     train, dropped, truncated = apply_oversize(train_report.kept)
     heldout, _, _ = apply_oversize(heldout_report.kept)
-    selection = Selection(train_report, heldout_report, train, heldout, dropped, truncated, max_tokens)
+    validation, _, _ = apply_oversize(validation_report.kept)
+    selection = Selection(train_report, heldout_report, train, heldout, dropped, truncated, max_tokens, validation)
     if train.size == 0:
         raise ValueError(f"no training sample is left: {selection.words()}; raise trainer.max_tokens or "
                          "check the data source")
@@ -112,6 +124,9 @@ class EpochData:
         self.selection = select_rows(config, self.samples)
         self.train_report, self.heldout_report = self.selection.train_report, self.selection.heldout_report
         self.train_rows, self.heldout_rows = self.selection.train_rows, self.selection.heldout_rows
+        self.validation_rows = self.selection.validation_rows
+        # what the evaluator evaluates (eval.split): the held-out test rows, or the validation rows when tuning
+        self.eval_rows = self.validation_rows if config.eval.split == "validation" else self.heldout_rows
         self.oversize_dropped, self.oversize_truncated = self.selection.oversize_dropped, self.selection.oversize_truncated
         self.budget = Budget(config.trainer.max_tokens, config.trainer.max_samples)
         self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
@@ -144,10 +159,10 @@ class EpochData:
         self._last_plan: Plan | None = None
 
     def _eval_groups(self, seed: int) -> list[EvalGroup]:
-        """The held-out set in length terciles (equal counts, by length then row), each with one fixed padded
-        plan: the same for every strategy and seed."""
-        lengths = np.minimum(self.samples.lengths[self.heldout_rows], self.budget.max_tokens)
-        order = np.lexsort((self.heldout_rows, lengths))
+        """The evaluated set (:attr:`eval_rows`: held-out, or validation) in length terciles (equal counts, by
+        length then row), each with one fixed padded plan: the same for every strategy and seed."""
+        lengths = np.minimum(self.samples.lengths[self.eval_rows], self.budget.max_tokens)
+        order = np.lexsort((self.eval_rows, lengths))
         groups = []
         for name, part in zip(LENGTH_GROUPS, np.array_split(order, len(LENGTH_GROUPS))):
             if part.size == 0:
@@ -155,7 +170,7 @@ class EpochData:
             part = np.sort(part)
             plan = build_strategy("sorted").plan(lengths[part], self.budget, seed=seed, epoch=0,
                                                  world_size=self.env.world_size, grad_accum=1)
-            groups.append(EvalGroup(name, self.heldout_rows[part], plan,
+            groups.append(EvalGroup(name, self.eval_rows[part], plan,
                                     (int(lengths[part].min()), int(lengths[part].max()))))
         return groups
 

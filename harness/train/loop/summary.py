@@ -29,6 +29,7 @@ def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrup
         "samples_seen_once": all(state.epochs_exactly_once) and seen_at_most_once,
         "epochs_exactly_once": state.epochs_exactly_once,
         "train_samples": int(data.train_rows.size), "heldout_samples": int(data.heldout_rows.size),
+        "validation_samples": int(data.validation_rows.size), "eval_split": config.eval.split,
         "dropped_no_anchor": int(data.train_report.dropped_no_anchor.size),
         "dropped_oversize": data.oversize_dropped, "truncated_oversize": data.oversize_truncated,
         "data_fingerprint": data.samples.fingerprint, "plan_fingerprint": data.fingerprint,

@@ -281,7 +281,9 @@ class Trainer:
         print(
             f"batchlab-train: {config.name} ({config.strategy_name}, seed {config.seed}) on "
             f"{self.env.world_size} rank(s), {self.model.device.type}: {data.selection_words()}, "
-            f"{data.epoch_tokens:,} tokens an epoch, {data.heldout_rows.size} held out; "
+            f"{data.epoch_tokens:,} tokens an epoch, {data.heldout_rows.size} held out"
+            + (f", {data.validation_rows.size} for validation" if data.validation_rows.size else "")
+            + (" (evaluated: validation)" if config.eval.split == "validation" else "") + "; "
             f"stop at {data.total_tokens:,} tokens ({data.total_tokens / data.epoch_tokens:.2f} epochs); "
             f"run dir {self.run_dir}",
             flush=True,

@@ -26,12 +26,14 @@ Both estimators see exactly the small-batch norms the trainer sees (``GradientSt
 ``GradientNoise``), averaged over the measured steps as the run summary averages them
 (``harness/step_averages.py``).
 
-    python benchmarks/diversity_estimator.py            # the table over 10 seeds, for RESULTS.md
+    python benchmarks/diversity_estimator.py            # the table over 10 seeds
+    python benchmarks/diversity_estimator.py --write    # also rewrite its section of RESULTS.md
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from harness.train.loop.grad_stats import GradientNoise, GradientStatistics  # noqa: E402
+from results_file import cpu_model, write_section  # noqa: E402
 
 WORLDS = ("length", "topic")
 ARMS = ("sorted", "mixed")
@@ -127,16 +132,40 @@ def table(seeds: range) -> list[dict[str, float | str]]:
     return rows
 
 
+TITLE = "## Gradient-diversity estimators on synthetic gradients with a known answer"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
-    print("| world | arm | known 1 + trΣ/|μ|² | grad_sample_diversity (mean ± sd) | grad_diversity Δ (mean ± sd) |")
-    print("|---|---|---:|---:|---:|")
-    for row in table(range(args.seeds)):
-        print(f"| {row['world']} | {row['arm']} | {row['truth']:.3f} | {row['sample_mean']:.3f} ± {row['sample_sd']:.3f} "
-              f"| {row['yin_mean']:.3f} ± {row['yin_sd']:.3f} |")
-    print(f"({args.seeds} seeds; every step measured; EMA 0.9; dimension {DIM}; noise {NOISE})")
+    rows = table(range(args.seeds))
+    worst = max(abs(row["sample_mean"] / row["truth"] - 1) for row in rows)
+    lines = ["| world | arm | known 1 + trΣ/|μ|² | grad_sample_diversity 1 + B (mean ± sd) | grad_diversity Δ (mean ± sd) |",
+             "|---|---|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['world']} | {row['arm']} | {row['truth']:.3f} | {row['sample_mean']:.3f} ± "
+                     f"{row['sample_sd']:.3f} | {row['yin_mean']:.3f} ± {row['yin_sd']:.3f} |")
+    section = (
+        f"{TITLE}\n\n"
+        f"Command: `python benchmarks/diversity_estimator.py --write` ({args.seeds} seeds). Machine: {cpu_model()}. "
+        f"Date: {datetime.date.today().isoformat()}. Deterministic (the draws follow the seeds).\n\n"
+        "Synthetic per-sample gradients (dimension "
+        f"{DIM}, spread {NOISE} around unit class means) through the trainer's own estimators "
+        "(`GradientStatistics`' small-batch estimates, `GradientNoise`'s EMAs, every step measured), averaged over "
+        "the steps as the run summary averages them. *length* world: a sample's gradient follows its length, so the "
+        "sorted arm's one-length steps are the less diverse; *topic* world: it follows a topic independent of "
+        "length and the mixed arm groups by topic, so the sorted arm is the more diverse. A sorted step holds 32 "
+        "short or 8 long samples, a mixed one 16 and 4 (every sample weighs 1).\n\n" + "\n".join(lines) + "\n\n"
+        f"Read: 1 + B ranks the arms as the known answer does in both worlds and lands within {worst:.0%} of it (above it "
+        "where a step holds exact halves of two topics: the estimators assume independent draws). Yin's Δ at the "
+        "step's weight ranks the sorted arm above the mixed one in both worlds: it follows how many samples a step "
+        "holds, not how they disagree. The report's table and frontier figure use 1 + B.\n"
+    )
+    print(section)
+    if args.write:
+        write_section(section, TITLE)
 
 
 if __name__ == "__main__":

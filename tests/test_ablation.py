@@ -188,3 +188,18 @@ def test_the_mechanism_experiment_sweeps_both_normalisers_and_keeps_the_main_job
     assert config["optim"] == {**main_job["optim"], "loss_normaliser": "epoch"}
     for key in ("data", "target", "drafter", "trainer", "eval", "checkpoint", "grad_stats", "loader"):
         assert config[key] == main_job[key], key
+
+
+def test_the_results_mechanism_block_is_the_reports_own_output():
+    """benchmarks/RESULTS.md's mechanism numbers are analysis.ablation's, re-rendered from the stored runs.csv."""
+    from analysis.ablation import normaliser_markdown
+    from analysis.summary import read_runs_csv
+
+    results = (support.REPO / "benchmarks" / "RESULTS.md").read_text()
+    start = "<!-- mechanism of make ablation-normaliser (docs/demo/ablation_normaliser_runs.csv) -->\n"
+    end = "<!-- end of mechanism -->"
+    assert start in results and end in results, "the RESULTS.md mechanism block markers are missing"
+    block = results.split(start, 1)[1].split(end, 1)[0]
+    per_run = read_runs_csv(support.REPO / "docs" / "demo" / "ablation_normaliser_runs.csv")
+    assert has_ablation(per_run, NORMALISER)
+    assert block.strip() == normaliser_markdown(per_run).strip()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import logging
 import sys
 import tempfile
@@ -59,6 +60,7 @@ def layer_of(module: str, stack: list[tuple[str, ...]]) -> int | None:
     return index
 
 
+@functools.lru_cache(maxsize=None)  # called on every Python call of the traced run: resolve each file once
 def module_of(filename: str) -> str | None:
     path = Path(filename).resolve()
     try:

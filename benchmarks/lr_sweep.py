@@ -3,7 +3,7 @@ main job does not use.
 
 sorted and packed (by default; ``--strategies``) train with the main job's settings (``experiment=strategies``:
 regenerated completions, equal-token steps, the same tokens, the same training rows) at every learning rate of
-the grid and every tuning seed (default 200, 201: neither the pilot's 0–2 nor the confirmatory 100–109), and
+the grid and every tuning seed (default 200, 201: neither the pilot's 0–2 nor the confirmatory 100–107), and
 are evaluated on the *validation* rows (``eval.split=validation``: ``data.validation_fraction`` of the training
 rows, set aside in the main job too, never trained on), never on the held-out test rows. The learning rate with
 the lowest validation loss averaged over strategies and seeds is the main job's, for every strategy — unless it
@@ -36,7 +36,7 @@ from results_file import cpu_model, stop_words, write_section  # noqa: E402
 TITLE = "## Learning rate of the main job (lr sweep on the validation split, own seeds)"
 METRICS = (("eval_loss", "validation loss", "{:.3f}"), ("eval_tau_real", "τ real", "{:.2f}"),
            ("clip_fraction", "clipped", "{:.0%}"))
-#: the tuning seeds: none of the main job's (pilot 0-2, confirmatory 100-109)
+#: the tuning seeds: none of the main job's (pilot 0-2, confirmatory 100-107)
 TUNING_SEEDS = "200,201"
 
 

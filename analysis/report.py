@@ -105,6 +105,15 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
 
         planned = planned_results(per_run, plan)
         planned_section = planned_markdown(planned, plan, plan_source)
+        from analysis.per_sample import sample_sentences
+
+        with_paths = per_run.merge(sweep.runs[["run", "path"]], on="run", how="left")
+        secondary = sample_sentences(with_paths, [(c.a, c.b) for c in plan.contrasts])
+        if secondary:  # the runs wrote eval_samples.jsonl: the same effects, with both spreads in the interval
+            planned_section += ("\nSecondary, per held-out sample (beside the primary test, never instead: "
+                                "analysis/per_sample.py; over few seeds the bootstrap understates the seeds' "
+                                "spread, so its interval is narrower than the primary's for that reason too):\n\n"
+                                + "\n".join(f"- {line}" for line in secondary) + "\n")
     out_dir.mkdir(parents=True, exist_ok=True)
     if planned:
         planned_frame(planned).to_csv(out_dir / "planned.csv", index=False)

@@ -347,6 +347,10 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert all(v in printed for v in frame["verdict"])
     report_text = (out / "report.md").read_text()
     assert report_text.index("## Planned contrasts") < report_text.index("## Statistical comparison")
+    # the secondary per-sample lines (the runs wrote eval_samples.jsonl): the same effect as the primary test's
+    for contrast, effect in zip(frame["contrast"], frame["mean_difference"]):
+        assert f"- {contrast}, per held-out sample (secondary): held-out loss {effect:+.3f} (95% hierarchical" in \
+            (out / "planned.md").read_text(), contrast
     summary = (out / "summary.md").read_text()  # the README's block opens with the same verdicts
     assert summary.startswith("Planned contrasts (pre-registered in") and all(v in summary for v in frame["verdict"])
     declared["contrasts"].append({"a": "fastest", "b": strategies[0], "kind": "superiority"})

@@ -357,3 +357,16 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
     assert main([str(sweep_dir), "--out", str(tmp_path / "refused"), "--preregistration", str(plan)]) == 2
     assert "no run of ['fastest']" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+
+
+def test_the_results_own_lr_block_is_the_reports_own_output():
+    """benchmarks/RESULTS.md's secondary comparison (sorted and packed each at its own best lr) is summary.md
+    re-rendered from its stored runs.csv, whose runs ran at the lrs the lr sweep chose for each."""
+    results = (support.REPO / "benchmarks" / "RESULTS.md").read_text()
+    start, end = "<!-- summary.md of make own-lr (docs/demo/own_lr_runs.csv) -->\n", "<!-- end of own-lr -->"
+    assert start in results and end in results, "the RESULTS.md own-lr block markers are missing"
+    block = results.split(start, 1)[1].split(end, 1)[0]
+    per_run = read_runs_csv(support.REPO / "docs" / "demo" / "own_lr_runs.csv")
+    assert dict(per_run.groupby("strategy")["lr"].first()) == {"sorted": 0.04, "packed": 0.02}
+    assert sorted(per_run["seed"].unique()) == [0, 1, 2]
+    assert block.strip() == summary_markdown(per_run).strip()

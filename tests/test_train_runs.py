@@ -29,8 +29,9 @@ def smoke_sweep(tmp_path_factory, batchlab_cache):
     2 gloo ranks (the sweep the tests below share; a job's directory is its strategy's name)."""
     root = tmp_path_factory.mktemp("smoke")
     sweep = root / "sweep"
+    # 24,000 tokens: the smoke data's 21,948-token epoch whole, then a few steps of the next (1.1 epochs)
     result = train_cli(["-m", "experiment=smoke", f"strategy={','.join(available_strategies())}",
-                        "trainer.progress=false", f"hydra.sweep.dir={sweep}",
+                        "trainer.stop_tokens=24000", "trainer.progress=false", f"hydra.sweep.dir={sweep}",
                         "hydra.sweep.subdir=${strategy.name}"], cwd=root, timeout=500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return sweep
@@ -54,7 +55,7 @@ def test_smoke_experiment_on_two_ranks(strategy, smoke_sweep):
     summary = read_jsonl_one(run_dir / "summary.json")
     assert SUMMARY_KEYS <= set(summary)
     assert summary["strategy"] == strategy and summary["status"] == "complete"
-    assert summary["tokens_seen"] >= 40000 and summary["world_size"] == 2
+    assert summary["tokens_seen"] >= 24000 and summary["world_size"] == 2
     assert summary["samples_seen_once"] is True and summary["epochs_exactly_once"] == [True]
     assert math.isfinite(summary["eval_loss"]) and summary["eval_tau"] >= 1.0
     # real acceptance by speculative decoding of the held-out prompts, shared over both ranks

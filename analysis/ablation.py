@@ -50,16 +50,28 @@ HEADING = "Ablation: optimizer steps or batch composition?"
 @dataclass(frozen=True)
 class Factor:
     """What an ablation sweep varies besides the strategy: the per-run column naming the arm, its two arms (the
-    part is gap(first) − gap(second)), the report's heading and figure name."""
+    part is gap(first) − gap(second)), the arm in words, the report's heading, figure title and figure name, and
+    its csv: the file and the column of each arm's gap (the prefix of its interval's columns) and of the part."""
     column: str
     arms: tuple[str, str]
+    words: str
     heading: str
+    title: str
     figure: str
+    csv: str
+    gap_columns: tuple[tuple[str, str], tuple[str, str]]
+    part_column: str
 
 
-STEP_MODE = Factor("step_mode", (FIXED, EQUAL), HEADING, "ablation_steps")
-NORMALISER = Factor("loss_normaliser", (STEP_NORMALISER, EPOCH_NORMALISER),
-                    "Mechanism: per-step reweighting or step composition?", "ablation_normaliser")
+STEP_MODE = Factor("step_mode", (FIXED, EQUAL), "step mode", HEADING,
+                   "Same tokens in both modes: what changes between them is the optimizer step count; the gap left "
+                   "at equal steps is composition's", "ablation_steps", "ablation.csv",
+                   (("gap_fixed_accumulation", "gap_fixed"), ("gap_equal_steps", "gap_equal")), "step_mode_part")
+NORMALISER = Factor("loss_normaliser", (STEP_NORMALISER, EPOCH_NORMALISER), "loss normaliser",
+                    "Mechanism: per-step reweighting or step composition?",
+                    "Same steps and tokens: the gap left under one constant divisor is the steps' composition; the "
+                    "rest is the per-step reweighting", "ablation_normaliser", "ablation_normaliser.csv",
+                    (("gap_step", "gap_step"), ("gap_epoch", "gap_epoch")), "reweighting_part")
 FACTORS = (STEP_MODE, NORMALISER)
 
 
@@ -139,12 +151,11 @@ def ablation_table(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> pd.Data
     """One row per ablated strategy and arm: strategy, arm, seeds, then ``mean ± sd`` of
     :data:`TABLE_COLUMNS` as strings (the main table's formatting, :func:`analysis.compare.format_table`)."""
     rows = []
-    heading = "step mode" if factor is STEP_MODE else "loss normaliser"
     for strategy in ablated_strategies(per_run, factor):
         for mode in factor.arms:
             group = per_run[(per_run["strategy_name"] == strategy) & (per_run[factor.column] == mode)]
             formatted = format_table(strategy_table(group.assign(strategy=strategy)), columns=TABLE_COLUMNS)
-            rows.append({"strategy": strategy, heading: mode, **formatted.drop(columns="strategy").iloc[0]})
+            rows.append({"strategy": strategy, factor.words: mode, **formatted.drop(columns="strategy").iloc[0]})
     return pd.DataFrame(rows)
 
 
@@ -163,23 +174,31 @@ def _with_interval(fmt: str, mean: float, ci: tuple[float, float]) -> str:
     return f"{_signed(fmt, mean)} [{_signed(fmt, ci[0])}, {_signed(fmt, ci[1])}]"
 
 
+#: the closing sentence of every ablation section
+DESCRIPTIVE = ("95 % t intervals over seeds, one per comparison (no family correction): the ablation describes; the "
+               "main sweep's Holm-corrected tests say which rankings are significant.")
+
+
+def _part_sentence(part: StepPart, first: str, second: str, share: str, tail: str) -> str:
+    """``metric, a − b over seeds …: gap first, gap second: share part tail``, each number with its interval."""
+    words, fmt = METRICS[part.metric]
+    return (f"{words}, {part.a} − {part.b} over seeds {', '.join(map(str, part.seeds))}: "
+            f"{_with_interval(fmt, part.fixed.mean, part.fixed.ci)} {first}, "
+            f"{_with_interval(fmt, part.equal.mean, part.equal.ci)} {second}: {share} "
+            f"{_with_interval(fmt, part.mean, part.ci)}{tail}")
+
+
 def ablation_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str]:
     """One sentence per pair and metric, every number with its 95 % t interval over seeds."""
     sentences = []
     for part in parts:
-        words, fmt = METRICS[part.metric]
         a, b = part.a, part.b
-        sentences.append(
-            f"{words}, {a} − {b} over seeds {', '.join(map(str, part.seeds))}: "
-            f"{_with_interval(fmt, part.fixed.mean, part.fixed.ci)} under fixed accumulation ({a} "
-            f"{_steps(per_run, a, FIXED)} steps, {b} {_steps(per_run, b, FIXED)}), "
-            f"{_with_interval(fmt, part.equal.mean, part.equal.ci)} at equal-token steps ({a} "
-            f"{_steps(per_run, a, EQUAL)}, {b} {_steps(per_run, b, EQUAL)}): the step count accounts for "
-            f"{_with_interval(fmt, part.mean, part.ci)} of the fixed-accumulation gap; the equal-step gap is what "
-            "batch composition can explain.")
-    sentences.append("95 % t intervals over seeds, one per comparison (no family correction): the ablation "
-                     "describes; the main sweep's Holm-corrected tests say which rankings are significant.")
-    return sentences
+        sentences.append(_part_sentence(
+            part, f"under fixed accumulation ({a} {_steps(per_run, a, FIXED)} steps, {b} {_steps(per_run, b, FIXED)})",
+            f"at equal-token steps ({a} {_steps(per_run, a, EQUAL)}, {b} {_steps(per_run, b, EQUAL)})",
+            "the step count accounts for",
+            " of the fixed-accumulation gap; the equal-step gap is what batch composition can explain."))
+    return [*sentences, DESCRIPTIVE]
 
 
 def _clipped(per_run: pd.DataFrame, strategy: str, arm: str) -> str:
@@ -190,25 +209,18 @@ def _clipped(per_run: pd.DataFrame, strategy: str, arm: str) -> str:
 def mechanism_sentences(per_run: pd.DataFrame, parts: list[StepPart]) -> list[str]:
     """The normaliser ablation's sentences: per pair and metric, the gap under each normaliser and the part the
     per-step reweighting explains, each in the metric's units with its 95 % t interval, and the clipped steps."""
-    sentences = []
-    for part in parts:
-        words, fmt = METRICS[part.metric]
-        a, b = part.a, part.b
-        sentences.append(
-            f"{words}, {a} − {b} over seeds {', '.join(map(str, part.seeds))}: "
-            f"{_with_interval(fmt, part.fixed.mean, part.fixed.ci)} with each step's loss divided by its Σw, "
-            f"{_with_interval(fmt, part.equal.mean, part.equal.ci)} with one constant per epoch (every block weighs "
-            f"alike): the per-step reweighting accounts for {_with_interval(fmt, part.mean, part.ci)}; what remains "
-            "under the constant is the steps' homogeneity and the order lengths arrive in.")
+    sentences = [_part_sentence(part, "with each step's loss divided by its Σw",
+                                "with one constant per epoch (every block weighs alike)",
+                                "the per-step reweighting accounts for",
+                                "; what remains under the constant is the steps' homogeneity and the order lengths "
+                                "arrive in.") for part in parts]
     if parts:
         strategies = ablated_strategies(per_run, NORMALISER)
         clipped = "; ".join(f"{s} {_clipped(per_run, s, STEP_NORMALISER)} with the step's Σw, "
                             f"{_clipped(per_run, s, EPOCH_NORMALISER)} with the constant" for s in strategies)
         sentences.append(f"Clipped steps: {clipped} (a constant divisor scales a step's gradient with its "
                          "document count).")
-    sentences.append("95 % t intervals over seeds, one per comparison (no family correction): the ablation "
-                     "describes; the main sweep's Holm-corrected tests say which rankings are significant.")
-    return sentences
+    return [*sentences, DESCRIPTIVE]
 
 
 def factor_sentences(per_run: pd.DataFrame, factor: Factor) -> list[str]:
@@ -257,11 +269,8 @@ def ablation_figure(per_run: pd.DataFrame, factor: Factor = STEP_MODE) -> Figure
             ax.set_xticks(range(len(factor.arms)), factor.arms)
             ax.set_xlim(-0.4, len(factor.arms) - 0.4)
             ax.set_ylabel(f"final {words}")
-            ax.set_title(f"{words} by {'step mode' if factor is STEP_MODE else 'loss normaliser'} (same tokens)")
+            ax.set_title(f"{words} by {factor.words} (same tokens)")
         axes[0].legend(loc="best")
-        fig.suptitle("Same tokens in both modes: what changes between them is the optimizer step count; "
-                     "the gap left at equal steps is composition's" if factor is STEP_MODE else
-                     "Same steps and tokens: the gap left under one constant divisor is the steps' composition; "
-                     "the rest is the per-step reweighting")
+        fig.suptitle(factor.title)
         fig.tight_layout()
     return fig

@@ -59,17 +59,22 @@ class SampleContrast:
     share_a_lower: float
 
 
-def sample_contrast(per_run: pd.DataFrame, a: str, b: str, rounds: int = ROUNDS,
-                    seed: int = BOOTSTRAP_SEED) -> SampleContrast | None:
-    """``per_run``: one row per run with ``strategy``, ``seed`` and ``path`` (its directory). None when a run of
-    the pair lacks per-sample lines or the two strategies share fewer than two seeds."""
-    rows = per_run[per_run["strategy"].isin([a, b])]
-    tables: dict[tuple[str, int], pd.DataFrame] = {}
-    for row in rows.itertuples(index=False):
-        frame = final_samples(row.path) if isinstance(getattr(row, "path", None), str) else None
-        if frame is None:
-            return None
-        tables[row.strategy, int(row.seed)] = frame
+def run_samples(per_run: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame | None]:
+    """Every run's :func:`final_samples` by ``(strategy, seed)``, each file read once (None: no per-sample lines,
+    or no ``path``)."""
+    return {(row.strategy, int(row.seed)): final_samples(row.path) if isinstance(getattr(row, "path", None), str)
+            else None for row in per_run.itertuples(index=False)}
+
+
+def sample_contrast(per_run: pd.DataFrame, a: str, b: str, rounds: int = ROUNDS, seed: int = BOOTSTRAP_SEED,
+                    samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> SampleContrast | None:
+    """``per_run``: one row per run with ``strategy``, ``seed`` and ``path`` (its directory); ``samples``: their
+    :func:`run_samples`, when already read. None when a run of the pair lacks per-sample lines or the two
+    strategies share fewer than two seeds."""
+    samples = run_samples(per_run) if samples is None else samples
+    tables = {key: frame for key, frame in samples.items() if key[0] in (a, b)}
+    if any(frame is None for frame in tables.values()):
+        return None
     seeds = tuple(sorted({s for (strategy, s) in tables if strategy == a} & {s for (strategy, s) in tables if strategy == b}))
     if len(seeds) < 2:
         return None
@@ -98,8 +103,9 @@ def sample_contrast(per_run: pd.DataFrame, a: str, b: str, rounds: int = ROUNDS,
 def sample_sentences(per_run: pd.DataFrame, contrasts: list[tuple[str, str]]) -> list[str]:
     """One sentence per planned contrast the runs can answer per sample (none when they wrote no per-sample lines)."""
     sentences = []
+    samples = run_samples(per_run)
     for a, b in contrasts:
-        result = sample_contrast(per_run, a, b)
+        result = sample_contrast(per_run, a, b, samples=samples)
         if result is None:
             continue
         low, high = result.interval

@@ -168,22 +168,20 @@ class AblationSection:
 
 
 def ablation_sections(per_run: pd.DataFrame, out_dir: Path, figure_dir: Path) -> list[AblationSection]:
-    """Every factor the sweep ran in both arms; each writes ``<figure name>.csv`` (``ablation.csv`` for the step
-    mode): every gap and part with its interval."""
+    """Every factor the sweep ran in both arms; each writes its csv (``Factor.csv``): every gap and part with its
+    interval."""
     sections = []
     for factor in abl.FACTORS:
         if not abl.has_ablation(per_run, factor):
             continue
         parts = abl.step_parts(per_run, factor)
-        first, second = ("fixed_accumulation", "equal_steps") if factor is abl.STEP_MODE else ("step", "epoch")
-        part = "step_mode_part" if factor is abl.STEP_MODE else "reweighting_part"
-        low = ("gap_fixed", "gap_equal") if factor is abl.STEP_MODE else ("gap_step", "gap_epoch")
-        csv = "ablation.csv" if factor is abl.STEP_MODE else f"{factor.figure}.csv"
+        (first, first_low), (second, second_low) = factor.gap_columns
+        part = factor.part_column
         pd.DataFrame([{"metric": p.metric, "a": p.a, "b": p.b, "seeds": len(p.seeds),
-                       f"gap_{first}": p.fixed.mean, f"{low[0]}_low": p.fixed.ci[0], f"{low[0]}_high": p.fixed.ci[1],
-                       f"gap_{second}": p.equal.mean, f"{low[1]}_low": p.equal.ci[0], f"{low[1]}_high": p.equal.ci[1],
+                       first: p.fixed.mean, f"{first_low}_low": p.fixed.ci[0], f"{first_low}_high": p.fixed.ci[1],
+                       second: p.equal.mean, f"{second_low}_low": p.equal.ci[0], f"{second_low}_high": p.equal.ci[1],
                        part: p.mean, f"{part}_low": p.ci[0], f"{part}_high": p.ci[1]} for p in parts]
-                     ).to_csv(out_dir / csv, index=False)
+                     ).to_csv(out_dir / factor.csv, index=False)
         sections.append(AblationSection(abl.ablation_table(per_run, factor), abl.factor_sentences(per_run, factor),
                                         figs.save_figure(abl.ablation_figure(per_run, factor), figure_dir,
                                                          factor.figure), factor.heading, factor.figure))

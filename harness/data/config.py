@@ -113,24 +113,11 @@ class DataConfig:
         _check_int("subset_seed", self.subset_seed, minimum=0)
         _check_int("vocab_size", self.vocab_size, minimum=MIN_VOCAB_SIZE,
                    why=f"a byte-level BPE needs at least {MIN_VOCAB_SIZE} tokens (256 bytes + 2 special)")
-        if isinstance(self.heldout_fraction, bool) or not isinstance(self.heldout_fraction, (int, float)):
-            raise DataConfigError(
-                f"data.heldout_fraction={self.heldout_fraction!r}: give a number in [0, 1), e.g. 0.05"
-            )
-        if not 0.0 <= float(self.heldout_fraction) < 1.0:
-            raise DataConfigError(
-                f"data.heldout_fraction={self.heldout_fraction!r} is outside [0, 1); give e.g. 0.05 "
-                "(0 holds nothing out)"
-            )
+        _check_fraction("heldout_fraction", self.heldout_fraction, example=0.05, zero="0 holds nothing out")
         _check_int("max_heldout", self.max_heldout, allow_none=True, minimum=1,
                    why="use heldout_fraction=0 to hold nothing out, or null for no cap")
         _check_int("heldout_seed", self.heldout_seed, minimum=0)
-        if isinstance(self.validation_fraction, bool) or not isinstance(self.validation_fraction, (int, float)) \
-                or not 0.0 <= float(self.validation_fraction) < 1.0:
-            raise DataConfigError(
-                f"data.validation_fraction={self.validation_fraction!r}: give a number in [0, 1), e.g. 0.1 "
-                "(0: no validation split)"
-            )
+        _check_fraction("validation_fraction", self.validation_fraction, example=0.1, zero="0: no validation split")
         _check_int("max_validation", self.max_validation, allow_none=True, minimum=1,
                    why="use validation_fraction=0 for no validation split, or null for no cap")
         if self.no_anchor not in NO_ANCHOR_CHOICES:
@@ -156,6 +143,14 @@ class DataConfig:
         if env:
             return Path(env).expanduser()
         return Path.home() / ".cache" / "batchlab"
+
+
+def _check_fraction(name: str, value, *, example: float, zero: str) -> None:
+    """A share of the rows in [0, 1) (``zero``: what 0 means)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataConfigError(f"data.{name}={value!r}: give a number in [0, 1), e.g. {example:g}")
+    if not 0.0 <= float(value) < 1.0:
+        raise DataConfigError(f"data.{name}={value!r} is outside [0, 1); give e.g. {example:g} ({zero})")
 
 
 def _check_int(name: str, value, *, minimum: int, allow_none: bool = False, why: str = "") -> None:

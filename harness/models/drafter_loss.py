@@ -155,6 +155,18 @@ def _block_statistics(correct: torch.Tensor, label_valid: torch.Tensor, keep: to
     )
 
 
+def _chunk_cross_entropy(lm_head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk's ``(logits, logsumexp, CE, argmax == label)`` for rows ``x`` ``[rows, D]`` and labels ``y``: the
+    logits in ``dtype`` (>= fp32; a copy only when the head is in half precision), CE per row unweighted, the
+    argmax taken on the head's own logits."""
+    logits = lm_head(x)  # [rows, V] in the head's dtype
+    hits = logits.argmax(dim=-1) == y
+    logits = logits.to(dtype)
+    lse = torch.logsumexp(logits, dim=-1)
+    return logits, lse, lse - logits.gather(1, y[:, None]).squeeze(1), hits
+
+
 class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     """``Σ w·CE(lm_head(hidden), labels)`` over chunks of blocks, gradient computed chunk by chunk.
 
@@ -182,11 +194,9 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             x = hidden[start:stop].reshape(-1, width)
             y = labels[start:stop].reshape(-1)
             w = weights[start:stop].reshape(-1).to(dtype)
-            logits = lm_head(x)  # [rows, V] in the head's dtype; the only logits alive
-            correct[start:stop] = (logits.argmax(dim=-1) == y).view(stop - start, num_slots)
-            logits = logits.to(dtype)  # CE in >= fp32 (a copy only when the head is in half precision)
-            lse = torch.logsumexp(logits, dim=-1)
-            weighted_ce += ((lse - logits.gather(1, y[:, None]).squeeze(1)) * w).sum()
+            logits, lse, ce, hits = _chunk_cross_entropy(lm_head, x, y, dtype)  # the only logits alive
+            correct[start:stop] = hits.view(stop - start, num_slots)
+            weighted_ce += (ce * w).sum()
             if any(need_grad):
                 probs = logits.sub_(lse[:, None]).exp_().mul_(w[:, None])  # in place: w·softmax
                 probs.scatter_add_(1, y[:, None], -w[:, None])  # w·(softmax - onehot)
@@ -279,11 +289,9 @@ def block_losses(
     correct = torch.zeros(num_blocks, num_slots, dtype=torch.bool, device=hidden.device)
     for start in range(0, num_blocks, chunk_blocks):
         stop = min(start + chunk_blocks, num_blocks)
-        logits = lm_head(hidden[start:stop].reshape(-1, width))
-        y = labels[start:stop].reshape(-1)
-        correct[start:stop] = (logits.argmax(dim=-1) == y).view(stop - start, num_slots)
-        logits = logits.to(dtype)
-        ce = torch.logsumexp(logits, dim=-1) - logits.gather(1, y[:, None]).squeeze(1)
+        _, _, ce, hits = _chunk_cross_entropy(lm_head, hidden[start:stop].reshape(-1, width),
+                                              labels[start:stop].reshape(-1), dtype)
+        correct[start:stop] = hits.view(stop - start, num_slots)
         weighted_ce[start:stop] = (ce * loss_weights[start:stop].reshape(-1).to(dtype)).view(stop - start, -1).sum(1)
     correct &= label_valid
     weights = loss_weights.to(dtype)

@@ -183,25 +183,25 @@ class EpochData:
         """The plan of ``epoch`` (the last one made is kept: each epoch's metrics plan the next one first)."""
         if self._last_plan is not None and self._last_plan.epoch == epoch:
             return self._last_plan
-        cfg = self.config
-        shape = dict(seed=cfg.seed, epoch=epoch, world_size=self.env.world_size,
-                     grad_accum=cfg.trainer.grad_accum, balance=cfg.balance, step_tokens=cfg.trainer.step_tokens)
         if self.replanned(epoch):
             self._last_plan = plan_remainder(self.strategy, self.train_lengths, self._replanned[1], self.budget,
-                                             **shape)
+                                             **self._plan_shape(epoch))
         else:
-            self._last_plan = self.strategy.plan(self.train_lengths, self.budget, **shape)
+            self._last_plan = self.strategy.plan(self.train_lengths, self.budget, **self._plan_shape(epoch))
         return self._last_plan
+
+    def _plan_shape(self, epoch: int) -> dict[str, Any]:
+        """The strategy's plan arguments of ``epoch`` besides the lengths and the budget."""
+        cfg = self.config
+        return dict(seed=cfg.seed, epoch=epoch, world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
+                    balance=cfg.balance, step_tokens=cfg.trainer.step_tokens)
 
     def whole_plan(self, plan: Plan) -> Plan:
         """``plan`` itself, or, for the rest of an epoch re-planned by an elastic resume, the whole epoch's plan for
         this shape (not kept: :meth:`plan_epoch`'s plan stays the one the run trains on)."""
         if not self.replanned(plan.epoch):
             return plan
-        cfg = self.config
-        return self.strategy.plan(self.train_lengths, self.budget, seed=cfg.seed, epoch=plan.epoch,
-                                  world_size=self.env.world_size, grad_accum=cfg.trainer.grad_accum,
-                                  balance=cfg.balance, step_tokens=cfg.trainer.step_tokens)
+        return self.strategy.plan(self.train_lengths, self.budget, **self._plan_shape(plan.epoch))
 
     def replanned(self, epoch: int) -> bool:
         """Is ``epoch`` the rest of an epoch re-planned by an elastic resume?"""

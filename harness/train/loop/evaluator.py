@@ -25,7 +25,7 @@ import torch
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import BatchCollator, RankMicroBatches, TrainingBatch
-from harness.train.loop.metrics import json_value, truncate_metrics
+from harness.train.loop.metrics import json_value, restart_step_file
 from harness.train.loop.step_stats import reduce_sum
 
 #: the per-sample evaluation file in the run directory
@@ -50,10 +50,7 @@ class Evaluator:
         self.samples_path = (Path(run_dir) / EVAL_SAMPLES_FILE
                              if run_dir is not None and comm.env.is_main and eval_config.per_sample else None)
         if self.samples_path is not None:
-            if resumed_step is not None:
-                truncate_metrics(self.samples_path, resumed_step)
-            elif self.samples_path.exists():
-                self.samples_path.unlink()
+            restart_step_file(self.samples_path, resumed_step)
 
     @torch.no_grad()
     def __call__(self, global_step: int) -> dict[str, Any]:
@@ -65,7 +62,7 @@ class Evaluator:
         shares = [RankMicroBatches(group.plan, self.comm.env.rank, 0, group.rows, self.collate, anchor_epoch=0)
                   for group in groups]
         bar = self._bar(sum(len(share) for share in shares))
-        samples: list[dict[str, Any]] = []
+        samples: list[dict[str, Any]] | None = [] if self.settings.per_sample else None  # only when written
         sums = [self._group_sums(share, bar, samples) for share in shares]
         total = sums[0]
         for more in sums[1:]:
@@ -83,7 +80,7 @@ class Evaluator:
         record.update(real)
         if bar is not None:
             bar.close()
-        if self.settings.per_sample:
+        if samples is not None:
             self._write_samples(global_step, samples, prompts)
         return record
 

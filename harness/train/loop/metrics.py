@@ -58,10 +58,7 @@ class JsonlSink:
     def __init__(self, run_dir: Path, resume_after_step: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_FILE
-        if resume_after_step is not None:
-            truncate_metrics(self.path, resume_after_step)
-        elif self.path.exists():
-            self.path.unlink()  # a fresh run in a reused directory starts a fresh file
+        restart_step_file(self.path, resume_after_step)
         self._file = self.path.open("a")
 
     def location(self) -> str:
@@ -79,6 +76,15 @@ class JsonlSink:
 
     def close(self, failed: bool = False) -> None:  # noqa: ARG002 - every line is already flushed
         self._file.close()
+
+
+def restart_step_file(path: Path, resume_after_step: int | None) -> None:
+    """A run's file of step records (one JSON object a line, each with its ``step``) as its run starts: a resumed
+    run keeps the records up to its checkpoint's step; a fresh run in a reused directory starts a fresh file."""
+    if resume_after_step is not None:
+        truncate_metrics(path, resume_after_step)
+    elif path.exists():
+        path.unlink()
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from process_support import run_process
+from process_support import failure_text, run_process
 from strategies import report_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def _train(args, root: Path, timeout: int = 500) -> None:
     result = run_process([sys.executable, "-m", "harness.cli.train", "--config-dir", str(_config_dir(root)), *args],
                          cwd=REPO, env=env, timeout=timeout)
     if result.returncode != 0:
-        raise RuntimeError(f"batchlab-train {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        raise RuntimeError(f"batchlab-train {' '.join(args)} failed ({result.returncode}):\n{failure_text(result)}")
 
 
 def tiny_sweep(root: Path) -> Path:

@@ -40,3 +40,27 @@ def run_process(command, *, cwd, env=None, timeout: float) -> subprocess.Complet
             stop_group(process)
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+# Where a rank's own account of its failure starts: the tail alone is torchrun's summary and the list of loaded
+# extension modules that Python's fault handler prints after a fatal error.
+_FAILURE_STARTS = ("Fatal Python error", "Traceback (most recent call last)", "terminate called", "RuntimeError",
+                   "Error:", "[ERROR]")
+
+
+def failure_text(result: subprocess.CompletedProcess, *, lines_each: int = 30, tail_chars: int = 3000) -> str:
+    """What a failed job said about why: the first lines after each distinct place a failure starts in its stderr
+    (a rank's fatal error, traceback or C++ abort), then the end of its stdout and stderr."""
+    stderr_lines = (result.stderr or "").splitlines()
+    excerpts, seen = [], set()
+    for number, line in enumerate(stderr_lines):
+        start = next((marker for marker in _FAILURE_STARTS if marker in line), None)
+        if start is None or line in seen:
+            continue
+        seen.add(line)
+        excerpts.append("\n".join(stderr_lines[number:number + lines_each]))
+        if len(excerpts) == 4:
+            break
+    return ("\n--- where it failed ---\n" + "\n...\n".join(excerpts) if excerpts else "") + (
+        f"\n--- the end of stdout ---\n{(result.stdout or '')[-1000:]}\n--- the end of stderr ---\n"
+        f"{(result.stderr or '')[-tail_chars:]}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from process_support import failure_text
 from train_support import train_cli
 
 from harness.train.distributed import (
@@ -282,7 +283,7 @@ def test_a_two_rank_run_hands_every_collective_a_tensor_a_cuda_run_could_send(tm
     pythonpath = os.pathsep.join([str(tmp_path / "recorder"), str(REPO), os.environ.get("PYTHONPATH", "")])
     result = train_cli([*TWO_RANKS, f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=180,
                        env_extra={"PYTHONPATH": pythonpath, "BATCHLAB_RECORD_COLLECTIVES": str(records)})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
     calls = [json.loads(line) for path in records.glob("*.jsonl") for line in path.read_text().splitlines()]
     ranks = {path.stem for path in records.glob("*.jsonl")}

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from process_support import stop_group
+from process_support import failure_text, stop_group
 from rank_hook import DRAFTER_DELAY_ENV
 from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
@@ -52,7 +52,7 @@ def test_disaggregated_gives_the_colocated_loss_sequence(dispatch, tmp_path, col
     run_dir = tmp_path / "run"
     result = train_cli([*SMALL, *DISAGGREGATED, f"topology.dispatch={dispatch}", "topology.max_in_flight=2",
                         f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     expected, got = read_jsonl(colocated / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
     assert len(expected) >= 6 and [r["step"] for r in got] == [r["step"] for r in expected]
     for want, have in zip(expected, got):
@@ -82,12 +82,12 @@ def test_two_drafter_ranks_train_as_two_colocated_ranks(tmp_path, batchlab_cache
     """2 target + 2 drafter ranks (DDP over the drafter group) against colocated on 2 ranks."""
     colocated = tmp_path / "colocated"
     result = train_cli([*SMALL, "trainer.nproc=2", f"hydra.run.dir={colocated}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     run_dir = tmp_path / "run"
     result = train_cli([*SMALL, "topology=disaggregated", "topology.target_ranks=2", "topology.drafter_ranks=2",
                         "trainer.nproc=4", "trainer.grad_stats_every=1", f"hydra.run.dir={run_dir}"],
                        cwd=tmp_path, timeout=150)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     expected, got = read_jsonl(colocated / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
     assert len(expected) >= 4 and [r["step"] for r in got] == [r["step"] for r in expected]
     for want, have in zip(expected, got):
@@ -112,7 +112,7 @@ def test_a_slow_drafter_blocks_the_targets_at_the_bound(tmp_path, batchlab_cache
                         "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
                         "trainer.stop_tokens=3000", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
                        env_extra={DRAFTER_DELAY_ENV: "0.4"})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert len(records) >= 4
     # never more than max_in_flight unacknowledged on a link, and the producers did run ahead up to it
@@ -192,7 +192,7 @@ def test_empty_micro_batches_cross_the_link(tmp_path, batchlab_cache):
                  "trainer.stop_tokens=null"]
     run(compose_config([*overrides, "trainer.nproc=1"]), tmp_path / "colocated")
     result = train_cli([*overrides, *DISAGGREGATED, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     expected, got = read_jsonl(tmp_path / "colocated" / "metrics.jsonl"), read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["samples_per_step"] for r in got] == [4, 4, 2]
     for want, have in zip(expected, got, strict=True):
@@ -211,7 +211,7 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     links; the rerun's target ranks start where the checkpoint is, across the epoch boundary."""
     reference = tmp_path / "reference"
     result = train_cli([*RESUME, f"hydra.run.dir={reference}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     stopped = tmp_path / "stopped"
     env = dict(os.environ, PYTHONUNBUFFERED="1", **SLOWED)
     log = tmp_path / "stopped.log"
@@ -238,7 +238,7 @@ def test_stopped_and_resumed_disaggregated_run_repeats_the_uninterrupted_one(tmp
     steps_before = len(read_jsonl(stopped / "metrics.jsonl"))
     assert 8 <= steps_before < len(read_jsonl(reference / "metrics.jsonl"))
     result = train_cli([*RESUME, f"hydra.run.dir={stopped}"], cwd=tmp_path, timeout=120)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     assert max(r["epoch"] for r in read_jsonl(stopped / "metrics.jsonl")) == 1  # across the epoch boundary
     assert_same_records(reference, stopped)
     assert_same_summary(reference, stopped)

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import torch
+from process_support import failure_text
 from train_support import (
     assert_same_records,
     assert_same_summary,
@@ -98,7 +99,7 @@ def resumed_on_one_rank(tmp_path_factory, stopped_on_two_ranks):
     step = component_state(saved, "progress")["global_step"]
     assert max(r["step"] for r in read_jsonl(run_dir / "consumed" / "rank1.jsonl")) > step, "killed at a checkpoint"
     resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     return run_dir, resumed.stdout
 
 
@@ -133,7 +134,7 @@ def test_a_resume_inside_the_replanned_epoch_repeats_it_exactly(tmp_path, stoppe
                             after_steps=component_state(saved, "progress")["global_step"] + 6, sig=signal.SIGTERM)
     assert again["fingerprint"]["world_size"] == 1 and component_state(again, "data")["replanned"] is not None
     resumed = train_cli([*ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     assert "resumed a" not in resumed.stdout  # the same world size: the checkpoint's own (re-planned) plan
     assert_same_records(reference, run_dir)  # bit-identical on CPU: same batches, anchors, states
     assert_same_summary(reference, run_dir)
@@ -149,7 +150,7 @@ def test_one_rank_resumes_on_two_ranks_with_another_accumulation(tmp_path, batch
                             sig=signal.SIGTERM)
     step, step_in_epoch = component_state(saved, "progress")["global_step"], component_state(saved, "progress")["step_in_epoch"]
     resumed = train_cli([*ARGS, "trainer.nproc=2", "trainer.grad_accum=1", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     assert (f"resumed a 1-rank checkpoint on 2 ranks (grad_accum 2 -> 1) at epoch 0, step {step_in_epoch}: "
             in resumed.stdout)
     summary = json.loads((run_dir / "summary.json").read_text())

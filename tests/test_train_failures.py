@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from process_support import run_process
+from process_support import failure_text, run_process
 from train_support import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
 from harness.train.loop.checkpoint import component_state, latest_checkpoint, load_checkpoint
@@ -60,7 +60,7 @@ def _message(result):
 def uninterrupted(tmp_path_factory, batchlab_cache):
     run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
     result = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     return run_dir
 
 
@@ -79,7 +79,7 @@ def test_killed_rank_ends_the_job_naming_rank_stage_and_step(tmp_path, uninterru
 
     # the surviving checkpoint resumes the run to its end: the uninterrupted run, bit for bit
     resumed = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True
     assert all(s["stage"] == "done" for s in read_statuses(run_dir).values())
@@ -139,7 +139,7 @@ def test_exception_on_one_rank_with_dataloader_workers_exits(tmp_path, batchlab_
     result = train_cli([*ARGS, "trainer.nproc=1", "trainer.num_workers=1", "trainer.stop_tokens=6000",
                         f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=120,
                        env_extra={TEST_FAIL_ENV: "0:3:drafter_forward:raise"})
-    assert result.returncode == 1, result.stderr[-4000:]
+    assert result.returncode == 1, failure_text(result)
     assert f"RuntimeError: {TEST_FAIL_ENV}: simulated failure of rank 0" in result.stderr
     assert "batchlab: rank 0 failed in stage 'drafter_forward' of step 3" in result.stderr  # the note on the error
     assert (run_dir / "status" / "rank0.traceback").exists()
@@ -244,7 +244,7 @@ def test_under_an_external_torchrun_the_root_cause_carries_stage_and_step(tmp_pa
         [str(torchrun), "--nproc_per_node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m",
          "harness.cli.train", *ARGS, "trainer.nproc=1", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, env=env, timeout=240)
-    assert result.returncode == 1, result.stderr[-4000:]
+    assert result.returncode == 1, failure_text(result)
     root_cause = result.stderr.split("Root Cause (first observed failure):")[1]
     assert re.search(r"rank\s+: 1 \(local_rank: 1\)", root_cause), root_cause
     assert "batchlab: rank 1 failed in stage 'target_forward' of step 3" in root_cause

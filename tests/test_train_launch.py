@@ -7,7 +7,7 @@ import re
 
 import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - a declared dependency: a broken install fails here
 import pytest
-from process_support import stop_group
+from process_support import failure_text, stop_group
 from train_support import assert_same_records, assert_same_summary, train_cli
 
 from rank_hook import TEST_FAIL_ENV
@@ -145,14 +145,14 @@ def test_submitit_time_limit_warning_checkpoints_and_the_rerun_resumes(tmp_path,
     assert latest_checkpoint(run_dir).name == f"step-{summary['steps']:08d}.pt"
 
     rerun = train_cli(args, cwd=tmp_path, timeout=400)  # the same command resumes the job to its end
-    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    assert rerun.returncode == 0, failure_text(rerun)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True and summary["world_size"] == 2
     # the same run uninterrupted (2 ranks started by the job itself: the same plan) is repeated bit for bit
     reference = tmp_path / "uninterrupted"
     plain = [a for a in args[1:] if not a.startswith(("hydra", "trainer.nproc"))]
     result = train_cli([*plain, "trainer.nproc=2", f"hydra.run.dir={reference}"], cwd=tmp_path, timeout=400)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     assert_same_records(reference, run_dir)
     assert_same_summary(reference, run_dir)
 

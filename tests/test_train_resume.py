@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_support import failure_text
 from train_support import (
     assert_same_records,
     assert_same_summary,
@@ -41,7 +42,7 @@ def reference(tmp_path_factory, batchlab_cache):
     """The uninterrupted run."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     result = train_cli([*ARGS, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     assert len(read_jsonl(run_dir / "metrics.jsonl")) >= 16
     return run_dir
 
@@ -73,7 +74,7 @@ def test_killed_run_resumes_exactly(tmp_path, reference):
     assert checkpoint_paths(killed), "no checkpoint before the kill"
     assert not (killed / "summary.json").exists()
     resumed = train_cli([*ARGS, f"hydra.run.dir={killed}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     assert re.search(r"resuming from step \d+ \([\d,]+ tokens, epoch \d+\)", resumed.stdout), resumed.stdout[-2000:]
     _assert_same_run(reference, killed)
 
@@ -89,7 +90,7 @@ def test_sigterm_checkpoints_the_current_step_and_resumes_exactly(tmp_path, refe
     assert summary["status"] == "interrupted" and summary["steps"] == steps
     assert checkpoint_paths(stopped)[-1].name == f"step-{steps:08d}.pt"  # the step it stopped at, not an older one
     resumed = train_cli([*ARGS, f"hydra.run.dir={stopped}"], cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.returncode == 0, failure_text(resumed)
     _assert_same_run(reference, stopped)
 
 

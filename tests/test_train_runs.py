@@ -6,7 +6,7 @@ import math
 from collections import Counter
 
 import pytest
-from process_support import run_process
+from process_support import failure_text, run_process
 from train_support import read_jsonl, train_cli
 
 from analysis.wandb_offline import read_offline_run
@@ -115,7 +115,7 @@ def test_runs_unchanged_under_an_external_torchrun(tmp_path, batchlab_cache):
          "harness.cli.train", "experiment=smoke", "trainer.nproc=1", "trainer.stop_tokens=6000", "logger=none",
          "trainer.progress=false", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     summary = read_jsonl_one(run_dir / "summary.json")
     # trainer.nproc is ignored under an external launcher: the job has torchrun's 2 ranks
     assert summary["world_size"] == 2 and summary["status"] == "complete" and summary["samples_seen_once"]

@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from process_support import failure_text
 from train_support import compose_config, read_jsonl
 
 from harness.data.config import DataConfig
@@ -323,7 +324,7 @@ def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache)
     run(compose_config([*STEP_TOKENS, "strategy=shuffle"]), tmp_path / "one")
     result = train_cli([*STEP_TOKENS[1:], "trainer.nproc=2", "strategy=shuffle", f"hydra.run.dir={tmp_path / 'two'}"],
                        cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, failure_text(result)
     one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
     assert len(one) == len(two) >= 6
     assert any(r["micro_batches"] % 2 for r in two)  # some steps split unevenly over the ranks

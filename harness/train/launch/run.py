@@ -27,6 +27,7 @@ from typing import Any
 from harness.data.samples import load_samples
 from harness.train.config import moved_into_place, run_config_from_dict
 from harness.train.distributed import (
+    Collectives,
     Interrupted,
     RankEnv,
     destroy_process_group,
@@ -153,6 +154,10 @@ def _run_hooked_rank(config_dict: dict[str, Any], run_dir: str, env: RankEnv) ->
         else:  # e.g. a target rank of topology=disaggregated
             worker = placement_kind(placement.kind).worker(config, placement, run_dir)
             summary = worker.run()
+        if summary["status"] == "complete":
+            # every rank leaves together: a rank that closes its gloo connections while a peer still reads its
+            # last collective from them can abort that peer (SIGABRT in a C++ thread, which no Python catches)
+            Collectives(env).barrier()
     except BaseException as error:
         if trainer is not None:
             trainer.abort()

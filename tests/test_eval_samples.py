@@ -69,7 +69,7 @@ def test_the_validation_split_is_set_aside_from_training_apart_from_the_test_row
     assert validation_split(train, DataConfig())[1].size == 0  # none by default
 
 
-def test_tuning_evaluates_the_validation_rows_and_never_trains_on_them(tmp_path, batchlab_cache):
+def test_tuning_evaluates_the_validation_rows_and_never_trains_on_them(tmp_path, batchlab_cache, capsys):
     from harness.train.config import run_config_from_dict
 
     with pytest.raises(ValueError, match="data.validation_fraction"):
@@ -78,6 +78,8 @@ def test_tuning_evaluates_the_validation_rows_and_never_trains_on_them(tmp_path,
     from harness.data.samples import heldout_split, validation_split
 
     records, path = _evaluated_run(tmp_path, "tune", "data.validation_fraction=0.2", "eval.split=validation")
+    closing = capsys.readouterr().out
+    assert "validation loss" in closing and "held-out loss" not in closing  # the closing line names the rows
     evaluated = {json.loads(line)["sample"] for line in path.read_text().splitlines()
                  if json.loads(line)["kind"] == "sample"}
     summary = json.loads((tmp_path / "tune" / "summary.json").read_text())
@@ -87,6 +89,7 @@ def test_tuning_evaluates_the_validation_rows_and_never_trains_on_them(tmp_path,
     assert evaluated <= set(validation.tolist()) and not evaluated & set(trained.tolist())
     assert summary["train_samples"] <= trained.size == 48 - 12 - 8
     _, test_run = _evaluated_run(tmp_path, "test", "data.validation_fraction=0.2")
+    assert "held-out loss" in capsys.readouterr().out
     tested = {json.loads(line)["sample"] for line in test_run.read_text().splitlines()
               if json.loads(line)["kind"] == "sample"}
     assert len(tested) == 12 and not tested & evaluated  # the test rows are another set

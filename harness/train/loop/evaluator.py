@@ -106,7 +106,8 @@ class Evaluator:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=micro_batches, desc="eval: held-out loss", unit="mb", leave=False, dynamic_ncols=True)
+        return tqdm(total=micro_batches, desc=f"eval: {self.settings.split} loss", unit="mb", leave=False,
+                    dynamic_ncols=True)
 
     def _group_sums(self, dataset: RankMicroBatches, bar: Any = None,
                     samples: list[dict[str, Any]] | None = None) -> DrafterLoss:

@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # the components, typed by what the trainer asks of them
     from harness.train.status import RankStatus
 
 
+#: the words for the rows a run evaluates (eval.split), in its closing line and its evaluation's bar
+EVALUATED_ROWS = {"heldout": "held-out", "validation": "validation"}
 #: set in a process a launcher started (torch elastic / torchrun, submitit, srun): a rank, not the user's own process
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SUBMITIT_EXECUTOR", "SLURM_PROCID")
 
@@ -299,7 +301,7 @@ class Trainer:
             return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
         print(f"batchlab-train: {self.config.name} {summary['status']} after {summary['steps']} steps, "
-              f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: held-out loss "
+              f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: {EVALUATED_ROWS[summary['eval_split']]} loss "
               f"{number('eval_loss', '.4f')}, τ {number('eval_tau', '.2f')}, τ real {number('eval_tau_real', '.2f')}, "
               f"{number('tokens_per_second', ',.0f')} real tokens/s\n"
               f"  results: {'; '.join(where)}",

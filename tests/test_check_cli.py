@@ -159,36 +159,43 @@ def test_a_checkpoint_with_missing_weights_is_bad_input(capsys, tmp_path):
     assert "missing ['lm_head.weight']" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("config", "kind"), [
-    ("LlamaConfig", "'llama' checkpoint (LlamaForCausalLM)"),  # a decoder of another architecture
-    ("BertConfig", "'bert' checkpoint (BertModel)"),  # encoder-only: never a target
-])
-def test_a_checkpoint_of_another_architecture_is_refused_in_one_line(capsys, tmp_path, config, kind):
-    """batchlab-check and batchlab-train used to read a Llama's config as a broken Qwen3.5 target (and train failed
-    late, in a traceback): now one line, exit 2, naming what the checkpoint is and what the target takes."""
+def test_batchlab_check_compares_a_llama_targets_layouts_and_refuses_an_encoder_in_one_line(capsys, tmp_path):
+    """batchlab-check and batchlab-train used to read a Llama's config as a broken Qwen3.5 target: a Llama is a
+    target now (any transformers causal LM; its padded and packed rows checked against each document alone), and
+    an encoder is refused in one line, exit 2, naming what it is, before a run writes anything."""
     import transformers
 
     from harness.train.config import compose_run_config
     from harness.train.launch.run import BadInput, prepared_config
 
-    small = getattr(transformers, config)(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                          intermediate_size=64, vocab_size=300)
-    small.architectures = ["LlamaForCausalLM" if config == "LlamaConfig" else "BertModel"]
-    small.save_pretrained(tmp_path)
-    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path)]) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and kind in lines[0] and "model_type 'qwen3_5' or 'qwen3_5_text'" in lines[0], lines
-    with pytest.raises(BadInput, match=kind.replace("(", r"\(").replace(")", r"\)")):  # before a file is written
-        prepared_config(compose_run_config([f"target.pretrained={tmp_path}", "logger=none"]))
-    if config == "LlamaConfig":  # the command itself: one line, exit 2, and the run's directory never left behind
-        from train_support import train_cli
+    llama = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                     num_key_value_heads=2, intermediate_size=64, vocab_size=300)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
+    assert main(["--json", "--device", "cpu", *SMALL, "--target", str(tmp_path / "llama")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["target_weights"] == f"checkpoint {tmp_path / 'llama'}"
+    assert {row["comparison"] for row in report["checks"]} == {"padded vs separate", "packed vs separate"}
+    assert any(row["name"].endswith("(decoder)") for row in report["checks"])
+    assert "fla vs torch-chunk skipped: the target has no Gated DeltaNet layers" in report["notes"]
+    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path / "llama"), "--negative-control"]) == 2
+    assert "is a causal LM without such layers" in capsys.readouterr().err
 
-        refused = train_cli([f"target.pretrained={tmp_path}", "logger=none", "hydra.run.dir=runs/llama"],
-                            cwd=tmp_path)
-        lines = [line for line in refused.stderr.splitlines() if line.strip()]
-        assert refused.returncode == 2 and len(lines) == 1 and kind in lines[0], refused.stderr[-2000:]
-        assert not (tmp_path / "runs").exists()
-        gguf = tmp_path / "model.gguf"
-        gguf.write_bytes(b"GGUF")
-        with pytest.raises(BadInput, match=r"is a GGUF file .*model_type 'qwen3_5'"):
-            prepared_config(compose_run_config([f"target.pretrained={gguf}", "logger=none"]))
+    bert = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                   vocab_size=300)
+    bert.architectures = ["BertModel"]
+    transformers.BertModel(bert).save_pretrained(tmp_path / "bert")
+    capsys.readouterr()  # transformers' own bar while it saved
+    kind = "'bert' checkpoint (BertModel), not a decoder-only causal LM"
+    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path / "bert")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and kind in lines[0], lines
+    with pytest.raises(BadInput, match=kind.replace("(", r"\(").replace(")", r"\)")):  # before a file is written
+        prepared_config(compose_run_config([f"target.pretrained={tmp_path / 'bert'}", "logger=none"]))
+    from train_support import train_cli  # the command itself: one line, exit 2, no run directory left behind
+
+    refused = train_cli([f"target.pretrained={tmp_path / 'bert'}", "logger=none", "hydra.run.dir=runs/bert"],
+                        cwd=tmp_path)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1 and kind in lines[0], refused.stderr[-2000:]
+    assert not (tmp_path / "runs").exists()

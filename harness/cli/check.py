@@ -126,9 +126,9 @@ def _config_path(value: str) -> str:
 
 
 def _has_weights(path: str) -> bool:
-    """True for a checkpoint directory: safetensors files beside its config.json."""
-    directory = Path(path)
-    return directory.is_dir() and any(directory.glob("*.safetensors"))
+    """True for a checkpoint: a directory with safetensors files beside its config.json, or a GGUF file."""
+    checkpoint = Path(path)
+    return (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors"))) or checkpoint.suffix.lower() == ".gguf"
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -254,7 +254,8 @@ def _drafter_attention_rows(target: Any, drafter: Any, packed: Any, anchors: lis
 
 
 def _layer_name(target: Any, layer: int) -> str:
-    return f"target layer {layer} ({target.config.layer_types[layer]})"
+    kinds = getattr(target.config, "layer_types", None)  # the hybrid's; a dense causal LM's are all decoder layers
+    return f"target layer {layer} ({kinds[layer] if kinds else 'decoder'})"
 
 
 def run_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -293,7 +294,20 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     target_options = dict(num_draft_layers=drafter_config.num_hidden_layers,
                           tap_layer_ids=drafter_config.target_layer_ids)
     if _has_weights(target_path) and not args.random_weights:
-        target = HybridTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
+        # a Qwen3.5-style hybrid checkpoint, or any transformers causal LM (a directory or a GGUF file)
+        from harness.models.causal_lm_target import CausalLMTarget, check_causal_lm, is_hybrid_checkpoint
+
+        if is_hybrid_checkpoint(target_path):
+            target = HybridTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
+        else:
+            try:
+                check_causal_lm(target_path)
+            except (ValueError, FileNotFoundError) as error:
+                raise BadInput(str(error)) from error
+            if args.negative_control:
+                raise BadInput(f"--negative-control makes a Gated DeltaNet's state leak across packed documents; "
+                               f"{target_path} is a causal LM without such layers: leave the flag out")
+            target = CausalLMTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
         target_weights = f"checkpoint {target_path}"
     else:
         target = HybridTarget(target_path, dtype=dtype, **target_options).to(device)
@@ -335,7 +349,9 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     notes = []
     if not int(reference["loss"].block_count):
         notes.append("no document has an anchor: the drafter rows compare nothing; give longer --lengths")
-    if device.type == "cuda" and fla_available():
+    if not isinstance(target, HybridTarget):
+        notes.append("fla vs torch-chunk skipped: the target has no Gated DeltaNet layers")
+    elif device.type == "cuda" and fla_available():
         rows.extend(_fla_rows(target, drafter, packed, lengths, tolerances["fla"], args.seed))
     else:
         notes.append("fla vs torch-chunk skipped: needs CUDA and flash-linear-attention")

@@ -136,8 +136,12 @@ def decode_rows(
 
 
 def _hf_model(target: Any) -> Any:
-    """transformers' ``Qwen3_5ForCausalLM`` holding the target's weights (eval mode, cache on)."""
-    from transformers import Qwen3_5ForCausalLM
+    """transformers' ``Qwen3_5ForCausalLM`` holding the target's weights (eval mode, cache on); a
+    :class:`~harness.models.causal_lm_target.CausalLMTarget` is a transformers model already."""
+    from transformers import PreTrainedModel, Qwen3_5ForCausalLM
+
+    if isinstance(target.model, PreTrainedModel):
+        return target.model
 
     config = copy.deepcopy(target.config)
     config.use_cache = True
@@ -172,7 +176,7 @@ def _forward_logits(target: Any, docs: Sequence[Sequence[int]]) -> torch.Tensor:
     hidden = target(batch, tap_layer_ids=[target.num_layers - 1]).hidden_states[0]
     last = torch.tensor([len(d) - 1 for d in docs], device=hidden.device)
     rows = torch.arange(len(docs), device=hidden.device)
-    return target.lm_head(target.model.norm(hidden[rows, last]))
+    return target.next_token_logits(hidden[rows, last])
 
 
 def supervised_spans(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -236,19 +240,21 @@ def regenerate_samples(
 def target_identity(target_spec: str | Path) -> dict[str, Any]:
     """What the regenerated data depends on in the target: its checkpoint files, or its config file."""
     path = Path(target_spec).expanduser().resolve()
-    if path.is_dir():
-        return {"checkpoint": cache.tree_signature(path)}
+    if path.is_dir() or path.suffix.lower() == ".gguf":
+        return {"checkpoint": cache.path_signature(path)}
     return {"config": path.read_text(), "init_seed": TARGET_INIT_SEED}
 
 
 def load_target(target_spec: str | Path, vocab_size: int | None = None) -> Any:
-    """A checkpoint directory (``HybridTarget.from_pretrained``) or a target config (random weights,
-    seeded as the trainer seeds them; ``vocab_size`` overrides the config's)."""
+    """A checkpoint (a directory or a GGUF file: :func:`harness.models.causal_lm_target.load_target`) or a target
+    config (random weights, seeded as the trainer seeds them; ``vocab_size`` overrides the config's)."""
     from harness.models.target import HybridTarget
 
     path = Path(target_spec).expanduser()
-    if path.is_dir():
-        return HybridTarget.from_pretrained(path)
+    if path.is_dir() or path.suffix.lower() == ".gguf":  # a checkpoint: the hybrid's, or any causal LM's
+        from harness.models.causal_lm_target import load_target as load_checkpoint
+
+        return load_checkpoint(path)
     from harness.models.config import load_target_config
 
     config = load_target_config(path)

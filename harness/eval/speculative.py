@@ -86,7 +86,7 @@ def _token_batch(documents: Sequence[Sequence[int]], device: torch.device) -> To
 
 def _target_logits(target: Any, last_hidden: torch.Tensor) -> torch.Tensor:
     """Next-token logits from the last decoder layer's output: final norm, then LM head."""
-    return target.lm_head(target.model.norm(last_hidden))
+    return target.next_token_logits(last_hidden)
 
 
 def _target_forward(

@@ -50,7 +50,7 @@ from harness.models.gated_delta import gated_delta_rule
 from harness.models.layout import PackedDocuments, TokenBatch
 from harness.models.short_conv import causal_conv1d
 
-__all__ = ["HybridTarget", "TargetFeatures"]
+__all__ = ["HybridTarget", "TargetFeatures", "checked_input_ids"]
 
 
 @dataclass
@@ -317,6 +317,10 @@ class HybridTarget(nn.Module):
         """
         return self.compute_logits(batch, gdn_backend)
 
+    def next_token_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from the last decoder layer's output (the final norm, then the LM head)."""
+        return self.lm_head(self.model.norm(last_hidden))
+
     def compute_logits(self, batch: TokenBatch, gdn_backend: str = "auto") -> torch.Tensor:
         """:meth:`logits` without ``no_grad``: records autograd for parameters that require grad.
 
@@ -332,7 +336,7 @@ class HybridTarget(nn.Module):
         """Run decoder layers ``0..deepest``; return the last output and the outputs of ``wanted`` layers."""
         if batch.input_ids.device != self.device:
             batch = batch.to(self.device)
-        input_ids = self._checked_input_ids(batch)
+        input_ids = checked_input_ids(batch, self.config.vocab_size)
         packed = batch.cu_seqlens is not None
         cu_seqlens = None
         if packed:  # built once here; every layer shares it (and what it caches). A batch built by
@@ -368,28 +372,6 @@ class HybridTarget(nn.Module):
             if index in wanted:
                 outputs[index] = hidden
         return hidden, outputs
-
-    def _checked_input_ids(self, batch: TokenBatch) -> torch.Tensor:
-        """Token ids with pads replaced by 0; raise on a real token id outside the vocabulary."""
-        input_ids = batch.input_ids
-        real = None if batch.attention_mask is None else batch.attention_mask.bool()
-        known = batch.token_id_range
-        if known is not None and 0 <= known[0] and known[1] < self.config.vocab_size:
-            # ids checked on the host when the batch was built: nothing to read back
-            return input_ids if real is None else input_ids.masked_fill(~real, 0)
-        bad = (input_ids < 0) | (input_ids >= self.config.vocab_size)
-        if real is not None:
-            bad &= real
-        if bool(bad.any()):
-            row, col = (int(x) for x in torch.nonzero(bad)[0])
-            raise ValueError(
-                f"input_ids[{row}, {col}]={int(input_ids[row, col])} is not a token id: the target's vocabulary "
-                f"is 0..{self.config.vocab_size - 1} (vocab_size={self.config.vocab_size}); "
-                "tokenize with the target's tokenizer"
-            )
-        if real is not None:
-            input_ids = input_ids.masked_fill(~real, 0)
-        return input_ids
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -438,6 +420,28 @@ class HybridTarget(nn.Module):
         model.model.rotary_emb = Fp32RotaryEmbedding(config=config).to(device)
         model.requires_grad_(False)
         return model.eval()
+
+
+def checked_input_ids(batch: TokenBatch, vocab_size: int) -> torch.Tensor:
+    """Token ids with pads replaced by 0; raise on a real token id outside ``[0, vocab_size)``, naming it."""
+    input_ids = batch.input_ids
+    real = None if batch.attention_mask is None else batch.attention_mask.bool()
+    known = batch.token_id_range
+    if known is not None and 0 <= known[0] and known[1] < vocab_size:
+        # ids checked on the host when the batch was built: nothing to read back
+        return input_ids if real is None else input_ids.masked_fill(~real, 0)
+    bad = (input_ids < 0) | (input_ids >= vocab_size)
+    if real is not None:
+        bad &= real
+    if bool(bad.any()):
+        row, col = (int(x) for x in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"input_ids[{row}, {col}]={int(input_ids[row, col])} is not a token id: the target's vocabulary "
+            f"is 0..{vocab_size - 1} (vocab_size={vocab_size}); tokenize with the target's tokenizer"
+        )
+    if real is not None:
+        input_ids = input_ids.masked_fill(~real, 0)
+    return input_ids
 
 
 def _rename_checkpoint_key(name: str) -> str | None:

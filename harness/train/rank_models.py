@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the models import transformers' modeling code: the ranks bu
     # (which reads EMBEDDED_TARGET and pretrained_target_path only) starts faster without
     from harness.models.drafter import DFlashDrafter
     from harness.models.drafter_loss import DrafterLoss
+    from harness.models.causal_lm_target import CausalLMTarget
     from harness.models.target import HybridTarget
     from harness.train.batch import TrainingBatch
 
@@ -56,14 +57,16 @@ def run_dtype(config: RunConfig) -> torch.dtype:
     return torch.bfloat16 if config.trainer.precision == "bf16" else torch.float32
 
 
-def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget:
+def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget | CausalLMTarget:
     """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
     from harness.models.target import HybridTarget
 
     drafter_cfg = config.drafter_config
     torch.manual_seed(TARGET_INIT_SEED)
-    if config.target.pretrained:
-        return HybridTarget.from_pretrained(
+    if config.target.pretrained:  # a Qwen3.5-style hybrid checkpoint, or any transformers causal LM (or GGUF file)
+        from harness.models.causal_lm_target import load_target
+
+        return load_target(
             pretrained_target_path(config), dtype=dtype, device=device, tap_layer_ids=drafter_cfg.target_layer_ids,
             num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=config.trainer.target_attention_backend)
     return HybridTarget(config.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,

@@ -319,9 +319,13 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
         if config.target.pretrained not in (None, EMBEDDED_TARGET):
+            from harness.models.causal_lm_target import check_causal_lm, is_hybrid_checkpoint
             from harness.models.config import load_target_config
 
-            load_target_config(config.target.pretrained)  # its config.json only: a checkpoint the target can be
+            if is_hybrid_checkpoint(config.target.pretrained):  # its config.json only: a checkpoint the target can be
+                load_target_config(config.target.pretrained)
+            else:  # any other transformers causal LM, or a GGUF file
+                check_causal_lm(config.target.pretrained)
         return with_tokenizer_vocabulary(config, with_target_tokenizer(config, config_dict))
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error

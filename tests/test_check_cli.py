@@ -168,17 +168,19 @@ def test_batchlab_check_compares_a_llama_targets_layouts_and_refuses_an_encoder_
     from harness.train.config import compose_run_config
     from harness.train.launch.run import BadInput, prepared_config
 
-    llama = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
-                                     num_key_value_heads=2, intermediate_size=64, vocab_size=300)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(llama).save_pretrained(tmp_path / "llama")
-    assert main(["--json", "--device", "cpu", *SMALL, "--target", str(tmp_path / "llama")]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and report["target_weights"] == f"checkpoint {tmp_path / 'llama'}"
-    assert {row["comparison"] for row in report["checks"]} == {"padded vs separate", "packed vs separate"}
-    assert any(row["name"].endswith("(decoder)") for row in report["checks"])
-    assert "fla vs torch-chunk skipped: the target has no Gated DeltaNet layers" in report["notes"]
-    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path / "llama"), "--negative-control"]) == 2
+    for name in ("Llama", "Qwen2"):  # two architectures, nothing of either named in the code
+        small = getattr(transformers, f"{name}Config")(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                                       num_key_value_heads=2, intermediate_size=64, vocab_size=300)
+        torch.manual_seed(0)
+        getattr(transformers, f"{name}ForCausalLM")(small).save_pretrained(tmp_path / name)
+        capsys.readouterr()
+        assert main(["--json", "--device", "cpu", *SMALL, "--target", str(tmp_path / name)]) == 0, name
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] and report["target_weights"] == f"checkpoint {tmp_path / name}"
+        assert {row["comparison"] for row in report["checks"]} == {"padded vs separate", "packed vs separate"}
+        assert sum(row["name"].startswith("target layer ") for row in report["checks"]) == 2 * 2  # 2 taps, 2 layouts
+        assert "fla vs torch-chunk skipped: the target has no Gated DeltaNet layers" in report["notes"]
+    assert main(["--device", "cpu", *SMALL, "--target", str(tmp_path / "Llama"), "--negative-control"]) == 2
     assert "is a causal LM without such layers" in capsys.readouterr().err
 
     bert = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -404,6 +404,10 @@ def test_a_target_checkpoint_brings_its_own_tokenizer(tmp_path):
     assert with_target_tokenizer(run_config_from_dict(config), config)["data"]["tokenizer"] == str(checkpoint)
     given = compose_config([*base, f"data.tokenizer={tmp_path}"])
     assert with_target_tokenizer(run_config_from_dict(given), given)["data"]["tokenizer"] == str(tmp_path)
+    gguf = tmp_path / "model.gguf"  # a GGUF file carries its tokenizer
+    gguf.write_bytes(b"GGUF")
+    config = compose_config(["experiment=smoke", f"target.pretrained={gguf}"])
+    assert with_target_tokenizer(run_config_from_dict(config), config)["data"]["tokenizer"] == str(gguf)
 
 
 def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_turns(chat_tokenizer, tmp_path, capsys,

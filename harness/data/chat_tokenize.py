@@ -70,12 +70,14 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
 
 
 def checkpoint_tokenizer(checkpoint: str | Path | None) -> str | None:
-    """``checkpoint`` when it is a directory holding a Hugging Face tokenizer (a target checkpoint's own, the
-    default for conversations), else None."""
+    """``checkpoint`` when it holds a Hugging Face tokenizer (a target checkpoint's own, the default for the data):
+    a directory with tokenizer files, or a GGUF file (which carries its tokenizer); else None."""
     if not checkpoint:
         return None
-    directory = Path(str(checkpoint))
-    return str(directory) if any((directory / name).is_file() for name in TOKENIZER_FILES) else None
+    location = Path(str(checkpoint))
+    if location.suffix.lower() == GGUF_SUFFIX:
+        return str(location) if location.is_file() else None
+    return str(location) if any((location / name).is_file() for name in TOKENIZER_FILES) else None
 
 
 GGUF_SUFFIX = ".gguf"

@@ -95,9 +95,9 @@ def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str, Any]:
-    """Conversations are tokenized with the target's own tokenizer and chat template by default: with
-    ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint directory that holds a tokenizer, the
-    config names it; any other config as it is."""
+    """The data is tokenized with the target's own tokenizer (and conversations with its chat template) by default:
+    with ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint that holds a tokenizer (a directory with
+    tokenizer files, or a GGUF file), the config names it; any other config as it is."""
     from harness.data.chat_tokenize import checkpoint_tokenizer
 
     pretrained = None if config.target.pretrained == EMBEDDED_TARGET else config.target.pretrained

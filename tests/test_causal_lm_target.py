@@ -97,17 +97,25 @@ def test_a_run_trains_a_drafter_on_a_llama_target_and_the_drafter_shares_its_emb
     from harness.train.config import run_config_from_dict
 
     overrides = ["experiment=smoke", "trainer.nproc=1", f"target.pretrained={llama_dir}", "trainer.stop_tokens=4000",
-                 "logger=none", "trainer.progress=false", "eval.real_prompts=2", "eval.real_new_tokens=6"]
+                 "logger=none", "trainer.progress=false", "eval.real_prompts=2", "eval.real_new_tokens=6",
+                 "drafter.draft_vocab_size=64"]  # the head on the 64 most frequent labels of the 512
     config = compose_config(overrides)
     assert prepared_config(config)["target"]["pretrained"] == str(llama_dir)
     models = DrafterModel(run_config_from_dict(config), torch.device("cpu"))
     assert isinstance(models.target, CausalLMTarget)
     assert models.drafter.hidden_size == 32  # the drafter's width follows the target
+    assert models.drafter.lm_head.out_features == 64 and models.target.lm_head.out_features == 512
     summary = run(config, tmp_path / "run")
     assert summary["status"] == "complete" and summary["steps"] >= 2
     assert summary["eval_loss"] == pytest.approx(summary["eval_loss"]) and 1.0 <= summary["eval_tau_real"] <= 8
     recorded = json.loads((tmp_path / "run" / "config.json").read_text())
     assert recorded["target"]["pretrained"] == str(llama_dir)
+    mapping = torch.load(tmp_path / "run" / "draft_vocab.pt")  # what an inference engine needs beside the drafter
+    assert mapping["t2d"].shape == (512,) and int(mapping["t2d"].sum()) == mapping["d2t"].numel() == 64
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["draft_vocab_miss_rate"] for r in records if "draft_vocab_miss_rate" in r]
+    assert rates and all(0.0 < rate < 1.0 for rate in rates)  # labels outside the 64 counted, never dropped
+    assert 0.0 < summary["eval_draft_vocab_miss_rate"] < 1.0
 
 
 def test_an_encoder_is_refused_naming_what_it_is(tmp_path):

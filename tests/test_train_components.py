@@ -104,11 +104,13 @@ def test_an_empty_rank_has_no_loss_of_its_own():
 def test_drafter_loss_sums_reduce_field_by_field():
     sums = DrafterLoss.zeros(3)
     sums = dataclasses.replace(sums, weight_sum=torch.tensor(2.0), count_per_position=torch.tensor([1.0, 2.0, 3.0]))
-    other = torch.arange(1, 14, dtype=torch.float64)  # the other rank's 7 sums and 2 x 3 per-position sums
+    # the other rank's 7 sums, 2 x 3 per-position sums and its draft-vocabulary misses, in field order
+    other = torch.arange(1, 15, dtype=torch.float64)
     reduced = reduce_sum(sums, ManyRanks([other]))
     assert float(reduced.weighted_ce_sum) == 1.0 and float(reduced.weight_sum) == 4.0
     assert reduced.correct_per_position.tolist() == [8, 9, 10]
     assert reduced.count_per_position.tolist() == [1 + 11, 2 + 12, 3 + 13]
+    assert float(reduced.draft_vocab_misses) == 14.0
 
 
 # ---------------------------------------------------------------- checkpoints

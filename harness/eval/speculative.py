@@ -185,7 +185,9 @@ def _propose(
         features.append(padded)
     anchors = [torch.tensor([len(seq) - 1], dtype=torch.long, device=device) for seq in sequences]
     output = drafter(_token_batch(documents, device), features, anchors=anchors)
-    return output.logits.argmax(dim=-1).tolist()  # [n, B - 1]: one block per document, in order
+    # target ids of the argmax (a drafter with a draft vocabulary maps its indices back)
+    tokens = drafter.draft_tokens(output.logits) if hasattr(drafter, "draft_tokens") else output.logits.argmax(-1)
+    return tokens.tolist()  # [n, B - 1]: one block per document, in order
 
 
 def speculative_decode_batch(

@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -71,6 +71,9 @@ from harness.models.drafter_config import (
 from harness.models.drafter_inputs import DrafterInputs, _check_token_ids
 from harness.models.drafter_loss import BlockLosses, DrafterLoss, block_losses, chunked_drafter_loss, drafter_loss
 from harness.models.layout import TokenBatch
+
+if TYPE_CHECKING:
+    from harness.models.draft_vocab import DraftVocabulary
 
 __all__ = [
     "DRAFTER_ATTENTION_BACKENDS", "DFlashAttention", "DFlashDecoderLayer", "DFlashDrafter", "DrafterConfig",
@@ -116,6 +119,7 @@ class DFlashDrafter(nn.Module):
         embed_tokens: nn.Embedding,
         lm_head: nn.Linear,
         num_target_layers: int,
+        draft_vocab: DraftVocabulary | None = None,
     ) -> None:
         super().__init__()
         hidden_size = embed_tokens.embedding_dim
@@ -135,7 +139,12 @@ class DFlashDrafter(nn.Module):
         # and not moved by drafter.to(); they are frozen here.
         for module in (embed_tokens, lm_head):
             module.requires_grad_(False)
-        self._target_io = (embed_tokens, lm_head)
+        # with a draft vocabulary the head is the target's restricted to its rows (a frozen copy, outside the tree)
+        if draft_vocab is not None and draft_vocab.target_vocab_size != lm_head.out_features:
+            raise ValueError(f"the draft vocabulary maps {draft_vocab.target_vocab_size} target tokens, but the "
+                             f"target's LM head has {lm_head.out_features}")
+        self.draft_vocab = draft_vocab
+        self._target_io = (embed_tokens, lm_head if draft_vocab is None else draft_vocab.head(lm_head))
         qwen3 = _qwen3_config(config, hidden_size, self.vocab_size)
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden_size, hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden_size, eps=config.rms_norm_eps)
@@ -165,9 +174,10 @@ class DFlashDrafter(nn.Module):
         return self
 
     @classmethod
-    def from_target(cls, target: nn.Module, config: DrafterConfig) -> DFlashDrafter:
+    def from_target(cls, target: nn.Module, config: DrafterConfig,
+                    draft_vocab: DraftVocabulary | None = None) -> DFlashDrafter:
         """Build a drafter over ``target`` (``.embed_tokens``, ``.lm_head``, ``.config.num_hidden_layers``)."""
-        drafter = cls(config, target.embed_tokens, target.lm_head, target.config.num_hidden_layers)
+        drafter = cls(config, target.embed_tokens, target.lm_head, target.config.num_hidden_layers, draft_vocab)
         return drafter.to(device=target.embed_tokens.weight.device, dtype=target.embed_tokens.weight.dtype)
 
     @staticmethod
@@ -215,7 +225,22 @@ class DFlashDrafter(nn.Module):
 
     @property
     def lm_head(self) -> nn.Linear:
+        """The target's LM head (frozen), restricted to the draft vocabulary when there is one."""
         return self._target_io[1]
+
+    def _labels(self, inputs: DrafterInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                                      torch.Tensor | None]:
+        """``(labels, loss_weights, hittable, misses)`` for the head: the target's ids as they are, or their draft
+        indices (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`)."""
+        if self.draft_vocab is None:
+            return inputs.labels, inputs.loss_weights, None, None
+        mapped = self.draft_vocab.map_labels(inputs.labels, inputs.loss_weights, inputs.label_valid)
+        return mapped.labels, mapped.loss_weights, mapped.hittable, mapped.misses
+
+    def draft_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target token ids of the head's argmax (draft indices mapped back through the draft vocabulary)."""
+        tokens = logits.argmax(dim=-1)
+        return tokens if self.draft_vocab is None else self.draft_vocab.to_target(tokens)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Target embeddings, with the drafter's own MASK row when MASK was added to the vocabulary."""
@@ -326,9 +351,10 @@ class DFlashDrafter(nn.Module):
         reduction sees the same parameters on every rank.
         """
         head = self.lm_head
+        labels, weights, hittable, misses = self._labels(inputs)
         result = chunked_drafter_loss(
-            hidden.to(head.weight.dtype), head, inputs.labels, inputs.loss_weights, inputs.label_valid,
-            inputs.layout.keep, self.config.loss_chunk_blocks,
+            hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid, inputs.layout.keep,
+            self.config.loss_chunk_blocks, hittable, misses,
         )
         return self._keep_parameters_in_graph(result, inputs.layout.num_blocks)
 
@@ -337,8 +363,9 @@ class DFlashDrafter(nn.Module):
         """:meth:`prepared_loss`'s sums without a gradient, also kept per block (the evaluation's per-sample
         numbers: :func:`~harness.models.drafter_loss.block_losses`)."""
         head = self.lm_head
-        return block_losses(hidden.to(head.weight.dtype), head, inputs.labels, inputs.loss_weights,
-                            inputs.label_valid, inputs.layout.keep, self.config.loss_chunk_blocks)
+        labels, weights, hittable, misses = self._labels(inputs)
+        return block_losses(hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid,
+                            inputs.layout.keep, self.config.loss_chunk_blocks, hittable, misses)
 
     def empty_loss(self, device: torch.device | str) -> DrafterLoss:
         """The sums of a micro-batch with no token at all (a short last step): zeros, with every trainable
@@ -383,8 +410,12 @@ class DFlashDrafter(nn.Module):
         Every trainable parameter is in the graph of ``weighted_ce_sum``, even for a micro-batch with
         no block at all (see :meth:`prepared_loss`).
         """
-        result = drafter_loss(output.logits, output.labels, output.label_valid, output.layout.keep,
-                              self.loss_decay_gamma)
+        labels, misses = output.labels, None
+        if self.draft_vocab is not None:  # the logits are over the draft vocabulary: labels as draft indices
+            mapped = self.draft_vocab.map_labels(output.labels, output.label_valid.float(), output.label_valid)
+            labels, misses = mapped.labels, mapped.misses
+        result = drafter_loss(output.logits, labels, output.label_valid, output.layout.keep, self.loss_decay_gamma,
+                              misses)
         return self._keep_parameters_in_graph(result, output.layout.num_blocks)
 
     def compute_loss(

@@ -44,6 +44,9 @@ class DrafterConfig:
     # loss_chunk_blocks: blocks per chunk of the LM head + cross-entropy (logits of one chunk at a time).
     max_blocks: int | None = None
     loss_chunk_blocks: int = 256
+    # draft_vocab_size: the head predicts only this many of the target's tokens, the most frequent labels of the
+    # training data (harness.models.draft_vocab; EAGLE-3's and SpecForge's d2t/t2d); None: the whole vocabulary
+    draft_vocab_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +66,9 @@ class DrafterConfig:
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size}: give at least 1, or null for the target's "
+                             "whole vocabulary")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.attention_backend not in DRAFTER_ATTENTION_BACKENDS:

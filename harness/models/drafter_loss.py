@@ -58,6 +58,7 @@ class DrafterLoss:
     blocks_computed: torch.Tensor  # all blocks, kept or padding
     correct_per_position: torch.Tensor  # [B - 1] Σ m·[argmax == label] per block slot 1 .. B-1
     count_per_position: torch.Tensor  # [B - 1] Σ m per block slot
+    draft_vocab_misses: torch.Tensor  # Σ m over labels outside the draft vocabulary (harness.models.draft_vocab)
 
     def __add__(self, other: DrafterLoss) -> DrafterLoss:
         return DrafterLoss(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -73,7 +74,8 @@ class DrafterLoss:
         per_position = torch.zeros(num_slots, device=device)
         return DrafterLoss(weighted_ce_sum=zero, weight_sum=zero, correct_sum=zero, label_count=zero,
                            tau_sum=zero, block_count=zero, blocks_computed=zero,
-                           correct_per_position=per_position, count_per_position=per_position)
+                           correct_per_position=per_position, count_per_position=per_position,
+                           draft_vocab_misses=zero)
 
     def loss(self) -> torch.Tensor:
         """``Σ w·CE / Σ w`` of these sums (0 when no label counts); normalise globally in training."""
@@ -110,12 +112,14 @@ def drafter_loss(
     label_valid: torch.Tensor,
     keep: torch.Tensor,
     loss_decay_gamma: float,
+    misses: torch.Tensor | None = None,
 ) -> DrafterLoss:
     """Decayed CE, accuracy and τ of ``logits`` ``[NB, B-1, V]`` for slots ``1 .. B-1``.
 
     ``labels`` ``[NB, B-1]`` holds the token at ``anchor + k`` for slot ``k``; ``label_valid`` says
     which labels count (kept block, inside the document, loss mask set); ``keep`` ``[NB]`` marks
-    real blocks. The cross-entropy is computed in fp32 whatever the logits' dtype.
+    real blocks. The cross-entropy is computed in fp32 whatever the logits' dtype. ``misses``: counted labels
+    outside a draft vocabulary (no weight, never hit, still counted).
     """
     if logits.dim() != 3 or logits.shape[:2] != labels.shape or labels.shape != label_valid.shape:
         raise ValueError(
@@ -124,13 +128,13 @@ def drafter_loss(
         )
     num_blocks, num_slots, vocab = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)  # at least fp32, float64 stays float64
-    mask = label_valid.to(dtype)
-    weights = mask * slot_decay(num_slots + 1, loss_decay_gamma, logits.device).to(dtype)
+    hittable = label_valid if misses is None else label_valid & ~misses
+    weights = hittable.to(dtype) * slot_decay(num_slots + 1, loss_decay_gamma, logits.device).to(dtype)
     ce = F.cross_entropy(logits.to(dtype).reshape(-1, vocab), labels.reshape(-1), reduction="none")
     ce = ce.reshape(num_blocks, num_slots)
     with torch.no_grad():
-        correct = (logits.argmax(dim=-1) == labels) & label_valid
-        stats = _block_statistics(correct, label_valid, keep, dtype)
+        correct = (logits.argmax(dim=-1) == labels) & hittable
+        stats = _block_statistics(correct, label_valid, keep, dtype, misses)
     return DrafterLoss(
         weighted_ce_sum=(ce * weights).sum(),
         weight_sum=weights.sum().detach(),
@@ -140,8 +144,9 @@ def drafter_loss(
 
 
 def _block_statistics(correct: torch.Tensor, label_valid: torch.Tensor, keep: torch.Tensor,
-                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Accuracy and τ sums of ``[nb, B-1]`` argmax hits (already masked by ``label_valid``)."""
+                      dtype: torch.dtype, misses: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Accuracy and τ sums of ``[nb, B-1]`` argmax hits (already masked by ``label_valid``); ``misses``: the counted
+    labels outside a draft vocabulary (none without one)."""
     leading = torch.cumprod(correct.long(), dim=1).sum(dim=1)
     kept = keep.to(dtype)
     correct_f, mask = correct.to(dtype), label_valid.to(dtype)
@@ -152,6 +157,7 @@ def _block_statistics(correct: torch.Tensor, label_valid: torch.Tensor, keep: to
         block_count=kept.sum(),
         correct_per_position=correct_f.sum(dim=0),
         count_per_position=mask.sum(dim=0),
+        draft_vocab_misses=(mask.new_zeros(()) if misses is None else misses.to(dtype).sum()),
     )
 
 
@@ -232,12 +238,16 @@ def chunked_drafter_loss(
     label_valid: torch.Tensor,
     keep: torch.Tensor,
     chunk_blocks: int,
+    hittable: torch.Tensor | None = None,
+    misses: torch.Tensor | None = None,
 ) -> DrafterLoss:
     """The sums of :func:`drafter_loss` from the block hidden states ``[NB, B-1, D]`` (after the final
     norm, cast to the head's dtype), with the LM head applied ``chunk_blocks`` blocks at a time.
 
     ``loss_weights`` ``[NB, B-1]`` are the decayed weights (zero where a label does not count). The
     logits of all blocks never exist at once, in forward or backward (:class:`_ChunkedHeadCrossEntropy`).
+    With a draft vocabulary (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`), ``hittable`` marks
+    the labels an argmax can hit and ``misses`` the counted labels outside it.
     """
     if chunk_blocks < 1:
         raise ValueError(f"chunk_blocks must be at least 1, got {chunk_blocks}")
@@ -245,11 +255,12 @@ def chunked_drafter_loss(
     grad_on = torch.is_grad_enabled()
     need_grad = tuple(bool(grad_on and t is not None and t.requires_grad) for t in (hidden, weight, bias))
     weighted_ce, correct = _ChunkedHeadCrossEntropy.apply(
-        hidden, weight, bias, lm_head, labels, loss_weights, label_valid, keep, int(chunk_blocks), need_grad
+        hidden, weight, bias, lm_head, labels, loss_weights, label_valid if hittable is None else hittable, keep,
+        int(chunk_blocks), need_grad
     )
     dtype = weighted_ce.dtype
     with torch.no_grad():
-        stats = _block_statistics(correct, label_valid, keep, dtype)
+        stats = _block_statistics(correct, label_valid, keep, dtype, misses)
     return DrafterLoss(
         weighted_ce_sum=weighted_ce,
         weight_sum=loss_weights.to(dtype).sum().detach(),
@@ -278,6 +289,8 @@ def block_losses(
     label_valid: torch.Tensor,
     keep: torch.Tensor,
     chunk_blocks: int,
+    hittable: torch.Tensor | None = None,
+    misses: torch.Tensor | None = None,
 ) -> BlockLosses:
     """:func:`chunked_drafter_loss`'s sums without a gradient, kept per block as well (the evaluation's
     per-sample numbers; one LM-head pass, ``chunk_blocks`` blocks at a time)."""
@@ -293,10 +306,10 @@ def block_losses(
                                               labels[start:stop].reshape(-1), dtype)
         correct[start:stop] = hits.view(stop - start, num_slots)
         weighted_ce[start:stop] = (ce * loss_weights[start:stop].reshape(-1).to(dtype)).view(stop - start, -1).sum(1)
-    correct &= label_valid
+    correct &= label_valid if hittable is None else hittable
     weights = loss_weights.to(dtype)
     tau = (1 + torch.cumprod(correct.long(), dim=1).sum(dim=1)).to(dtype) * keep.to(dtype)
     sums = DrafterLoss(weighted_ce_sum=weighted_ce.sum(), weight_sum=weights.sum(),
                        blocks_computed=torch.full((), float(num_blocks), dtype=dtype, device=hidden.device),
-                       **_block_statistics(correct, label_valid, keep, dtype))
+                       **_block_statistics(correct, label_valid, keep, dtype, misses))
     return BlockLosses(weighted_ce=weighted_ce, weight=weights.sum(dim=1), tau=tau, sums=sums)

@@ -74,6 +74,22 @@ def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) ->
                         attention_backend=config.trainer.target_attention_backend).to(device)
 
 
+def draft_vocabulary(config: RunConfig, target_vocab_size: int, training_samples: Any = None) -> Any:
+    """The run's :class:`~harness.models.draft_vocab.DraftVocabulary` (None without ``drafter.draft_vocab_size``):
+    the most frequent labels of ``training_samples``, or the first tokens when none are given."""
+    size = config.drafter.draft_vocab_size
+    if size is None:
+        return None
+    from harness.models.draft_vocab import DraftVocabulary
+
+    if size > target_vocab_size:
+        raise ValueError(f"drafter.draft_vocab_size={size} exceeds the target's vocabulary of {target_vocab_size} "
+                         "tokens; give a smaller size, or null for the whole vocabulary")
+    if training_samples is None:
+        return DraftVocabulary(range(size), target_vocab_size)
+    return DraftVocabulary.from_samples(training_samples, target_vocab_size, size)
+
+
 class DrafterObjective(torch.nn.Module):
     """The drafter's loss sums for one micro-batch (the module DDP wraps)."""
 
@@ -94,16 +110,20 @@ class DrafterModel:
     :meth:`distribute` wraps the objective in DDP over the training ranks' group with the summing
     communication hook (the loss is already normalised by the global step's weight)."""
 
-    def __init__(self, config: RunConfig, device: torch.device) -> None:
+    def __init__(self, config: RunConfig, device: torch.device, training_samples: Any = None) -> None:
+        """``training_samples``: the run's training rows as ``(input_ids, loss_mask)`` pairs, from which a draft
+        vocabulary (``drafter.draft_vocab_size``) takes its most frequent labels; without them (a calibration)
+        any rows of the head cost the same, and the first ones are taken."""
         self.device = device
         self.dtype = run_dtype(config)
         self.target = build_target(config, self.dtype, device)
         from harness.models.drafter import DFlashDrafter
 
+        self.draft_vocab = draft_vocabulary(config, self.target.lm_head.out_features, training_samples)
         torch.manual_seed(config.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,
-                                     self.target.num_layers).to(device=device, dtype=torch.float32)
+                                     self.target.num_layers, self.draft_vocab).to(device=device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         self.distributed = False

@@ -31,6 +31,10 @@ from harness.train.rank_models import DrafterModel, rank_device
 from harness.train.status import RankStatus
 
 
+#: the draft vocabulary's mapping (EAGLE-3's and SpecForge's d2t and t2d), beside the run's checkpoints
+DRAFT_VOCAB_FILE = "draft_vocab.pt"
+
+
 def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
                   config_dict: dict[str, Any] | None = None) -> Trainer:
     """The Trainer of a training rank (``placement.trains``); ``config_dict``: the resolved config as given (W&B
@@ -44,7 +48,10 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     status = RankStatus(run_dir, env.rank, role="train" if placement.role == COLOCATED else placement.role)
     status.stage("setup", 0)
     data = EpochData(config, comm, progress=env.is_main and trainer.progress)
-    model = DrafterModel(config, device)
+    model = DrafterModel(config, device, data.samples.samples(data.train_rows)
+                         if config.drafter.draft_vocab_size is not None else None)
+    if model.draft_vocab is not None and env.is_main:  # the mapping an inference engine needs beside the drafter
+        torch.save({"d2t": model.draft_vocab.d2t, "t2d": model.draft_vocab.t2d}, run_dir / DRAFT_VOCAB_FILE)
     grads = GradientStatistics(model.parameters, comm, config.grad_stats.every, config.grad_stats.ema)
     model.distribute(comm, grads.bucket_norms, summing_comm_hook)
     optim = config.optim

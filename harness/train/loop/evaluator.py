@@ -32,6 +32,10 @@ from harness.train.loop.step_stats import reduce_sum
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 
+#: the words for the rows a run evaluates (eval.split), in its bar and the run's closing line
+EVALUATED_ROWS = {"heldout": "held-out", "validation": "validation"}
+
+
 class Evaluator:
     def __init__(self, *, data: Any, collate: BatchCollator, model: Any, comm: Any, status: Any,
                  eval_config: Any, gdn_backend: str, device: torch.device, progress: bool = False,
@@ -106,8 +110,8 @@ class Evaluator:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=micro_batches, desc=f"eval: {self.settings.split} loss", unit="mb", leave=False,
-                    dynamic_ncols=True)
+        return tqdm(total=micro_batches, desc=f"eval: {EVALUATED_ROWS[self.settings.split]} loss", unit="mb",
+                    leave=False, dynamic_ncols=True)
 
     def _group_sums(self, dataset: RankMicroBatches, bar: Any = None,
                     samples: list[dict[str, Any]] | None = None) -> DrafterLoss:
@@ -137,6 +141,7 @@ class Evaluator:
         return {
             "eval_loss": float(total.weighted_ce_sum) / weight if weight else math.nan,
             "eval_accuracy": float(total.correct_sum) / count if count else math.nan,
+            "eval_draft_vocab_miss_rate": float(total.draft_vocab_misses) / count if count else math.nan,
             "eval_accuracy_per_position": (total.correct_per_position / total.count_per_position.clamp_min(1)).tolist(),
             "eval_tau": float(total.tau_sum) / blocks if blocks else math.nan,
             "eval_blocks": int(blocks),

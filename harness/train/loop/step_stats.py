@@ -54,6 +54,7 @@ class StepStats:
     weight_sum: float = stat()
     correct_sum: float = stat()
     label_count: float = stat()
+    draft_vocab_misses: float = stat()
     tau_sum: float = stat()
     block_count: float = stat("sum", as_="blocks", integer=True)
     blocks_computed: float = stat()
@@ -75,7 +76,8 @@ class StepStats:
         summed :class:`~harness.models.drafter_loss.DrafterLoss` and the other fields by name (times, flags)."""
         lengths = torch.cat([b.lengths for b in batches]).double()
         loss_sums = {name: float(getattr(sums, name)) for name in (
-            "weighted_ce_sum", "weight_sum", "correct_sum", "label_count", "tau_sum", "block_count", "blocks_computed")}
+            "weighted_ce_sum", "weight_sum", "correct_sum", "label_count", "draft_vocab_misses", "tau_sum", "block_count",
+            "blocks_computed")}
         return cls(
             real_tokens=float(lengths.sum()), computed_slots=float(sum(b.computed_slots for b in batches)),
             micro_batches=float(sum(not b.empty for b in batches)),
@@ -153,6 +155,8 @@ def step_record(stats: RankStats, grad_norm: float, lr: float, optimizer_time: f
         "loss": _ratio(totals["weighted_ce_sum"], totals["weight_sum"]),
         "loss_max_rank": float(rank_losses.max()),
         "accuracy": _ratio(totals["correct_sum"], totals["label_count"]),
+        # labels outside the draft vocabulary (0 without one): counted as misses in accuracy and τ
+        "draft_vocab_miss_rate": _ratio(totals["draft_vocab_misses"], totals["label_count"]),
         "accuracy_per_position": (correct_pos / count_pos.clamp_min(1)).tolist(),
         "tau": _ratio(totals["tau_sum"], totals["block_count"]),
         "padding_ratio": 1.0 - totals["real_tokens"] / totals["computed_slots"] if totals["computed_slots"] else 0.0,

@@ -34,6 +34,7 @@ from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
 from harness.train.loop.cadence import Cadence
 from harness.train.loop.checkpoint import CHECKPOINT_DIR
+from harness.train.loop.evaluator import EVALUATED_ROWS
 from harness.train.loop.step_record import StepPosition, StepRecord
 from harness.train.loop.step_stats import StepStats, step_record
 from harness.train.loop.summary import run_summary
@@ -58,8 +59,6 @@ if TYPE_CHECKING:  # the components, typed by what the trainer asks of them
     from harness.train.status import RankStatus
 
 
-#: the words for the rows a run evaluates (eval.split), in its closing line and its evaluation's bar
-EVALUATED_ROWS = {"heldout": "held-out", "validation": "validation"}
 #: set in a process a launcher started (torch elastic / torchrun, submitit, srun): a rank, not the user's own process
 LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SUBMITIT_EXECUTOR", "SLURM_PROCID")
 
@@ -301,7 +300,8 @@ class Trainer:
             return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
         print(f"batchlab-train: {self.config.name} {summary['status']} after {summary['steps']} steps, "
-              f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: {EVALUATED_ROWS[summary['eval_split']]} loss "
+              f"{summary['tokens_seen']:,} tokens, {summary['wall_time_s']:.0f} s: "
+              f"{EVALUATED_ROWS[summary['eval_split']]} loss "
               f"{number('eval_loss', '.4f')}, τ {number('eval_tau', '.2f')}, τ real {number('eval_tau_real', '.2f')}, "
               f"{number('tokens_per_second', ',.0f')} real tokens/s\n"
               f"  results: {'; '.join(where)}",

@@ -321,7 +321,12 @@ def evaluate_acceptance(
             results.extend(speculative_decode_batch(
                 target, drafter, prompts[first : first + int(batch_size)], max_new_tokens, eos_id,
                 gdn_backend=gdn_backend))
-    elapsed = time.perf_counter() - start
+    return acceptance_summary(results, block, len(prompts), time.perf_counter() - start)
+
+
+def acceptance_summary(results: Sequence[SpeculativeResult], block: int, prompts: int,
+                       elapsed: float) -> dict[str, Any]:
+    """:func:`evaluate_acceptance`'s numbers from the prompts' results (live, or replayed: harness.eval.replay)."""
     gains = [g for r in results for g in r.accepted_per_forward]
     hist = [0] * block
     for gain in gains:
@@ -332,7 +337,7 @@ def evaluate_acceptance(
         "eval_tau_real": sum(gains) / len(gains) if gains else math.nan,
         "eval_tau_real_hist": hist,
         "eval_speedup_bound": tokens / forwards if forwards else math.nan,
-        "eval_prompts": len(prompts),
+        "eval_prompts": prompts,
         "eval_real_tokens": tokens,
         "eval_real_target_forwards": forwards,
         "eval_real_time_s": elapsed,

@@ -161,6 +161,9 @@ class EvalConfig:
     per_sample: bool = True
     # what is evaluated: "heldout" (the test rows) or "validation" (data.validation_fraction's rows: tuning)
     split: str = "heldout"
+    # real acceptance replayed on the target's greedy continuation of each prompt, computed once per run
+    # (harness.eval.replay: the same accepted lengths, no target forward at later evaluations; for a real target)
+    real_replay: bool = False
 
     def __post_init__(self) -> None:
         if self.split not in ("heldout", "validation"):

@@ -50,6 +50,7 @@ class Evaluator:
         self.device = device
         self.progress = progress  # a bar of its own while it runs (the training bar stands still meanwhile)
         self._real_prompts: list | None = None
+        self._replay: list | None = None  # eval.real_replay: this rank's prompts, the target's side cached
         # rank 0 writes the per-sample lines (a resumed run drops those after its checkpoint, a fresh one starts anew)
         self.samples_path = (Path(run_dir) / EVAL_SAMPLES_FILE
                              if run_dir is not None and comm.env.is_main and eval_config.per_sample else None)
@@ -165,8 +166,17 @@ class Evaluator:
         per_prompt: list[tuple[int, list[int]]] = []  # (prompt index, tokens gained per forward), this rank's
         if mine:
             with self.model.autocast():
-                result = evaluate_acceptance(self.model.target, self.model.drafter, mine, settings.real_new_tokens,
-                                             gdn_backend=self.gdn_backend)
+                if settings.real_replay:  # the target's part once per run, then the drafter alone
+                    from harness.eval.replay import prepare_replay, replay_acceptance
+
+                    if self._replay is None:
+                        self._replay = prepare_replay(self.model.target, mine, settings.real_new_tokens,
+                                                      self.model.drafter.target_layer_ids,
+                                                      gdn_backend=self.gdn_backend)
+                    result = replay_acceptance(self.model.drafter, self._replay, settings.real_new_tokens)
+                else:
+                    result = evaluate_acceptance(self.model.target, self.model.drafter, mine,
+                                                 settings.real_new_tokens, gdn_backend=self.gdn_backend)
             vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
             vector[block] = result["eval_real_tokens"]
             vector[block + 1] = result["eval_real_target_forwards"]

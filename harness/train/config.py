@@ -44,6 +44,7 @@ from harness.models.drafter_config import DrafterConfig
 
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("cpu", "cuda")
+TARGET_FEATURES = ("online", "cached")
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
 
 
@@ -122,9 +123,14 @@ class TrainerConfig:
     target_attention_backend: str = "auto"
     gdn_backend: str = "auto"
     progress: bool = True
+    # where the training steps' target features come from: "online" (the target runs on every micro-batch) or
+    # "cached" (computed once per target and data, read by every run: convergence only, the target's cost left out
+    # of tokens/s; harness.train.feature_cache)
+    target_features: str = "online"
 
     def __post_init__(self) -> None:
         _choice("trainer.device", self.device, DEVICES)
+        _choice("trainer.target_features", self.target_features, TARGET_FEATURES)
         _choice("trainer.precision", self.precision, PRECISIONS)
         _choice("trainer.oversize", self.oversize, OVERSIZE_POLICIES)
         for name in ("nproc", "max_tokens", "grad_accum", "acf_lags", "collective_timeout_s"):

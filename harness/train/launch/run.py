@@ -175,6 +175,19 @@ def _run_hooked_rank(config_dict: dict[str, Any], run_dir: str, env: RankEnv) ->
     return summary
 
 
+def _feature_cache(config: Any, samples: Any, rows: Any) -> str:
+    """Build (or find) the run's cached target features (:mod:`harness.train.feature_cache`); where they are."""
+    import torch
+
+    from harness.train.feature_cache import ensure_feature_cache
+    from harness.train.rank_models import build_target, run_dtype
+
+    device = torch.device("cuda" if config.trainer.device == "cuda" else "cpu")
+    entry, meta, built = ensure_feature_cache(config, samples, rows, build_target(config, run_dtype(config), device),
+                                              progress=config.trainer.progress)
+    return f"{meta['rows']:,} rows, {meta['tokens']:,} tokens, {'built' if built else 'from the cache'}: {entry}"
+
+
 def _rank_failed(error: BaseException, env: RankEnv, run_dir: str, started: float, stopping: bool) -> None:
     """A rank's exception: note its stage and step on it and keep its traceback; on one of several ranks,
     report it to the launcher and leave (never returns). ``stopping``: the rank was already told to stop,
@@ -318,6 +331,10 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     try:
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
+        if config.trainer.target_features == "cached" and config.topology.name != "colocated":
+            raise ValueError(f"trainer.target_features=cached reads the target's features from a cache on the ranks "
+                             f"that train; topology={config.topology.name} runs the target on ranks of its own: "
+                             "use topology=colocated, or trainer.target_features=online")
         if config.target.pretrained not in (None, EMBEDDED_TARGET):
             from harness.models.causal_lm_target import check_causal_lm, is_hybrid_checkpoint
             from harness.models.config import load_target_config
@@ -367,7 +384,7 @@ def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dic
             done(f"{len(samples):,} samples: {samples.source}")
         if samples.tokenizer_path:
             print(f"batchlab-train: tokenizer ✓ {samples.tokenizer_path}", flush=True)
-        select_rows(config, samples)  # bad data (oversize=error, nothing left) is bad input, found here
+        selection = select_rows(config, samples)  # bad data (oversize=error, nothing left) is bad input, found here
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -375,6 +392,9 @@ def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dic
     if config.target.pretrained == EMBEDDED_TARGET:
         with preparing("target") as done:
             done(pretrained_target_path(config, progress=config.trainer.progress))
+    if config.trainer.target_features == "cached":  # once, before the ranks: they read it
+        with preparing("target features") as done:
+            done(_feature_cache(config, samples, selection.train_rows))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     started = time.time()

@@ -25,9 +25,9 @@ class Colocated(PlacementKind):
         return Placement(COLOCATED, env, tuple(range(env.world_size)), (), kind=self.name)
 
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> LocalTarget:  # noqa: ARG002
-        from harness.train.placement.feature_source import LocalTarget
+        from harness.train.placement.feature_source import CachedFeatures, LocalTarget
 
-        return LocalTarget(inputs)
+        return (CachedFeatures if inputs.config.trainer.target_features == "cached" else LocalTarget)(inputs)
 
 
 @register_placement

@@ -119,3 +119,28 @@ class LocalTarget:
         if self._epoch_batches is not None:
             self._epoch_batches.close()
             self._epoch_batches = None
+
+
+class CachedFeatures(LocalTarget):
+    """``colocated`` with ``trainer.target_features=cached``: this rank reads its micro-batches as
+    :class:`LocalTarget` does, and their target features from the cache (:mod:`harness.train.feature_cache`, built
+    before the ranks started) instead of running the target."""
+
+    def __init__(self, inputs: SourceInputs) -> None:
+        super().__init__(inputs)
+        from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+
+        if list(inputs.target.tap_layer_ids) != list(inputs.tap_layer_ids):
+            raise ValueError(f"the target taps layers {list(inputs.target.tap_layer_ids)}, the drafter reads "
+                             f"{list(inputs.tap_layer_ids)}: the cache holds the target's")
+        entry, _, _ = ensure_feature_cache(inputs.config, inputs.collate.samples, inputs.rows, inputs.target)
+        self.store = FeatureStore(entry, inputs.tap_layer_ids)
+
+    def features(self, batch: TrainingBatch, step: int) -> TargetFeatures | None:
+        if batch.empty:
+            return None
+        self.inputs.status.stage("target_forward", step)
+        return self.store.batch_features(batch, self.inputs.device, self.inputs.target.dtype)
+
+    def summary(self) -> dict[str, Any]:
+        return {"target_features": "cached"}

@@ -1,0 +1,156 @@
+"""Cached target features (``trainer.target_features=cached``): the frozen target's tapped outputs of every training
+row, computed once and read by every run of a sweep, as SpecForge's offline mode trains from stored hidden states.
+
+The target is frozen, so a document's features are the same under every strategy, seed and step: only the layout
+they arrive in differs. The cache holds each training row's features computed with the row alone (its own padded
+row: no neighbour, no padding), ``[length, taps · hidden]``, for the row's first ``trainer.max_tokens`` tokens
+(a truncated row's features are that prefix's: the target is causal). A run reads them back in its micro-batches'
+layout (:class:`CachedFeatures`), and the target runs only for the evaluation. Features computed in another layout
+differ from these by rounding only (the packed, padded and separate layouts agree within ``batchlab-check``'s
+tolerances), so a run from the cache follows a run with the target online within that rounding, not bit for bit.
+Throughput measured from the cache leaves the target out: a comparison of strategies' speed keeps it online.
+
+The entry is keyed by everything the features depend on (the target's checkpoint or config and init seed, the
+tapped layers, the dtype, the data's fingerprint, the rows and the budget), built under the cache's lock, written
+atomically (:func:`harness.data.cache.ensure_entry`), and resumable: the rows done so far are kept beside the entry
+and an interrupted build goes on from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.data import cache
+from harness.models.target import TargetFeatures
+
+PREFIX = "features"
+FEATURES_FILE = "features.npy"
+INDEX_FILE = "index.npy"  # [dataset rows, 2]: start and length of each row's features (-1, 0: not cached)
+#: rows computed per target forward (padded, sorted by length) and between two saves of a partial build
+ROWS_PER_FORWARD = 8
+ROWS_PER_SAVE = 64
+
+
+def _target_identity(config: Any) -> dict[str, Any]:
+    from harness.train.rank_models import TARGET_INIT_SEED, pretrained_target_path
+
+    if config.target.pretrained:
+        path = Path(pretrained_target_path(config)).expanduser().resolve()
+        return {"checkpoint": cache.path_signature(path)}
+    return {"config": config.target_kwargs, "init_seed": TARGET_INIT_SEED}
+
+
+def cache_key(config: Any, fingerprint: str, rows: np.ndarray, tap_layer_ids: list[int]) -> str:
+    return cache.digest({"target": _target_identity(config), "taps": list(tap_layer_ids),
+                         "precision": config.trainer.precision, "data": fingerprint,
+                         "rows": np.asarray(rows, dtype=np.int64).tolist(), "max_tokens": config.trainer.max_tokens,
+                         "version": 1})
+
+
+def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, target: Any,
+                         progress: bool = False) -> tuple[Path, dict, bool]:
+    """The cache entry of ``target``'s tapped features of dataset ``rows`` (built when missing): ``(entry, meta,
+    built)``."""
+    taps = list(target.tap_layer_ids)
+    key = cache_key(config, samples.fingerprint, rows, taps)
+    cache_dir = config.data.resolved_cache_dir()
+    partial = cache_dir / f".{PREFIX}-{key}.partial"
+
+    def build(tmp: Path) -> dict:
+        _build_partial(partial, samples, np.asarray(rows, dtype=np.int64), target, taps,
+                       int(config.trainer.max_tokens), progress)
+        for name in (FEATURES_FILE, INDEX_FILE):
+            shutil.move(str(partial / name), str(tmp / name))
+        shutil.rmtree(partial, ignore_errors=True)
+        return {"rows": int(len(rows)), "taps": taps, "hidden_size": int(target.hidden_size),
+                "tokens": int(np.load(tmp / INDEX_FILE)[:, 1].sum())}
+
+    return cache.ensure_entry(cache_dir, PREFIX, key, build)
+
+
+@torch.no_grad()
+def _build_partial(partial: Path, samples: Any, rows: np.ndarray, target: Any, taps: list[int], max_tokens: int,
+                   progress: bool) -> None:
+    """Compute the features into ``partial`` (created or resumed: ``done.json`` counts the rows written)."""
+    lengths = np.minimum(samples.lengths[rows], max_tokens).astype(np.int64)
+    order = rows[np.argsort(lengths, kind="stable")]  # similar lengths together: little padding
+    width = len(taps) * int(target.hidden_size)
+    partial.mkdir(parents=True, exist_ok=True)
+    done_file = partial / "done.json"
+    done = json.loads(done_file.read_text())["rows"] if done_file.is_file() else 0
+    if done == 0:
+        index = np.full((len(samples), 2), (-1, 0), dtype=np.int64)
+        starts = np.cumsum(np.concatenate([[0], np.minimum(samples.lengths[order], max_tokens)[:-1]]))
+        index[order, 0] = starts
+        index[order, 1] = np.minimum(samples.lengths[order], max_tokens)
+        np.save(partial / INDEX_FILE, index)
+        total = int(index[order, 1].sum())
+        np.lib.format.open_memmap(partial / FEATURES_FILE, mode="w+", dtype=np.float32, shape=(total, width)).flush()
+    index = np.load(partial / INDEX_FILE)
+    features = np.load(partial / FEATURES_FILE, mmap_mode="r+")
+    from tqdm import tqdm
+
+    from harness.models.layout import TokenBatch
+
+    with tqdm(total=len(order), initial=done, desc="target features", unit=" rows", disable=not progress,
+              leave=False) as bar:
+        for first in range(done, len(order), ROWS_PER_FORWARD):
+            batch_rows = order[first:first + ROWS_PER_FORWARD]
+            documents = [torch.from_numpy(ids[:max_tokens]) for ids, _ in samples.samples(batch_rows)]
+            outputs = target(TokenBatch.from_documents(documents, "padded"), tap_layer_ids=taps).hidden_states
+            joined = torch.cat(outputs, dim=-1).float().cpu().numpy()
+            for position, row in enumerate(batch_rows):
+                start, length = index[row]
+                features[start:start + length] = joined[position, :length]
+            bar.update(len(batch_rows))
+            written = first + len(batch_rows)
+            if written % ROWS_PER_SAVE < ROWS_PER_FORWARD or written == len(order):
+                features.flush()
+                _write_json_atomic(done_file, {"rows": written})
+    del features
+
+
+def _write_json_atomic(path: Path, values: dict) -> None:
+    temporary = path.with_suffix(f".tmp{os.getpid()}")
+    temporary.write_text(json.dumps(values))
+    os.replace(temporary, path)
+
+
+class FeatureStore:
+    """A cache entry read back: each dataset row's features ``[length, taps · hidden]``, memory-mapped."""
+
+    def __init__(self, entry: Path, taps: list[int]) -> None:
+        self.features = np.load(entry / FEATURES_FILE, mmap_mode="r")
+        self.index = np.load(entry / INDEX_FILE)
+        self.taps = list(taps)
+
+    def row(self, row: int, length: int) -> np.ndarray:
+        start, cached = (int(v) for v in self.index[row])
+        if start < 0 or length > cached:
+            raise KeyError(f"dataset row {row} ({length} tokens) is not in the feature cache ({cached} cached): the "
+                           "cache was built for other rows; delete it or run with trainer.target_features=online")
+        return self.features[start:start + length]
+
+    def batch_features(self, batch: Any, device: torch.device, dtype: torch.dtype = torch.float32) -> TargetFeatures:
+        """A micro-batch's tapped features in its layout: ``[B, L, D]`` padded rows (zeros at the pads) or
+        ``[1, T, D]`` for a packed row, one tensor per tap."""
+        tokens = batch.tokens
+        documents = [self.row(int(r), int(n)) for r, n in zip(batch.sample_indices.tolist(), batch.lengths.tolist())]
+        width = documents[0].shape[1]
+        if tokens.cu_seqlens is not None:
+            joined = np.zeros((1, int(tokens.input_ids.shape[1]), width), dtype=np.float32)
+            joined[0, :sum(len(d) for d in documents)] = np.concatenate(documents)
+        else:
+            joined = np.zeros((len(documents), int(tokens.input_ids.shape[1]), width), dtype=np.float32)
+            for position, document in enumerate(documents):
+                joined[position, :len(document)] = document
+        tensor = torch.from_numpy(joined).to(device=device, dtype=dtype)
+        hidden = width // len(self.taps)
+        return TargetFeatures(self.taps, [tensor[..., i * hidden:(i + 1) * hidden] for i in range(len(self.taps))])

@@ -1,0 +1,116 @@
+"""Cached target features (harness/train/feature_cache.py): built once, read back in every layout, a run from the
+cache trains as one with the target online; the cache resumes an interrupted build and is keyed by what it holds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from train_support import compose_config, read_jsonl
+
+from harness.train import feature_cache
+from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+
+#: fp32 on CPU: the features of a row alone against the same row beside others (rounding only)
+FEATURE_ATOL = 1e-5
+
+
+def _inputs(*overrides):
+    from harness.data.samples import load_samples
+    from harness.train.config import run_config_from_dict
+    from harness.train.loop.epoch_data import select_rows
+    from harness.train.rank_models import build_target
+
+    config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none",
+                                                  "trainer.progress=false", *overrides]))
+    samples = load_samples(config.data, progress=False)
+    rows = select_rows(config, samples).train_rows
+    return config, samples, rows, build_target(config, torch.float32, torch.device("cpu"))
+
+
+def test_the_cache_holds_each_rows_features_and_gives_them_back_in_every_layout(batchlab_cache):
+    from harness.train.batch import BatchCollator
+
+    config, samples, rows, target = _inputs()
+    entry, meta, built = ensure_feature_cache(config, samples, rows, target)
+    assert built and meta["rows"] == rows.size and meta["taps"] == list(target.tap_layer_ids)
+    assert ensure_feature_cache(config, samples, rows, target)[2] is False  # the second time: read, not built
+    store = FeatureStore(entry, list(target.tap_layer_ids))
+    for layout in ("padded", "packed"):
+        collate = BatchCollator(samples, layout, anchor_seed=0, block_size=8, num_anchors=16, mask_token_id=512,
+                                loss_decay_gamma=4.0, max_blocks=None)
+        chosen = rows[[3, 0, 7, 1, 5]]
+        batch = collate(chosen, np.minimum(samples.lengths[chosen], config.trainer.max_tokens), epoch=0)
+        online = target(batch.tokens, tap_layer_ids=list(target.tap_layer_ids)).hidden_states
+        cached = store.batch_features(batch, torch.device("cpu")).hidden_states
+        real = batch.tokens.attention_mask.bool() if batch.tokens.cu_seqlens is None else None
+        for want, got in zip(online, cached):
+            if real is None:
+                torch.testing.assert_close(got, want, atol=FEATURE_ATOL, rtol=0)
+            else:
+                torch.testing.assert_close(got[real], want[real], atol=FEATURE_ATOL, rtol=0)
+                assert not got[~real].any()  # zeros at the pads (the drafter reads real positions only)
+    heldout = int(np.setdiff1d(np.arange(len(samples)), rows)[0])
+    with pytest.raises(KeyError, match=f"dataset row {heldout} .* is not in the feature cache"):
+        store.row(heldout, 4)
+
+
+def test_an_interrupted_build_goes_on_from_the_rows_it_had_written(batchlab_cache, monkeypatch):
+    config, samples, rows, target = _inputs("data.max_documents=40")
+    calls = []
+    real_forward = type(target).forward
+
+    def failing(self, batch, *args, **kwargs):
+        calls.append(int(batch.input_ids.shape[0]))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_forward(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(feature_cache, "ROWS_PER_SAVE", feature_cache.ROWS_PER_FORWARD)  # saved after each forward
+    monkeypatch.setattr(type(target), "forward", failing)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_feature_cache(config, samples, rows, target)
+    key = feature_cache.cache_key(config, samples.fingerprint, rows, list(target.tap_layer_ids))
+    partial = config.data.resolved_cache_dir() / f".features-{key}.partial"
+    assert json.loads((partial / "done.json").read_text())["rows"] == 2 * feature_cache.ROWS_PER_FORWARD
+    monkeypatch.setattr(type(target), "forward", real_forward)
+    forwards = []
+    monkeypatch.setattr(type(target), "forward",
+                        lambda self, batch, *a, **k: forwards.append(1) or real_forward(self, batch, *a, **k))
+    entry, meta, built = ensure_feature_cache(config, samples, rows, target)
+    expected = -(-rows.size // feature_cache.ROWS_PER_FORWARD) - 2  # the rest only
+    assert built and len(forwards) == expected and not partial.exists()
+    fresh, _, _ = _fresh_build(config, samples, rows, target, tmp=entry.parent / "fresh")
+    np.testing.assert_array_equal(np.load(entry / "features.npy"), np.load(fresh / "features.npy"))
+
+
+def _fresh_build(config, samples, rows, target, tmp):
+    import dataclasses
+
+    from harness.train.config import run_config_from_dict
+
+    other = run_config_from_dict({**compose_config(["experiment=smoke", "logger=none", "data.max_documents=40"]),
+                                  "data": {**dataclasses.asdict(config.data), "cache_dir": str(tmp)}})
+    return ensure_feature_cache(other, samples, rows, target)
+
+
+def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, batchlab_cache):
+    from harness.train.launch.run import BadInput, prepared_config, run
+
+    base = ["experiment=smoke", "trainer.nproc=1", "trainer.stop_tokens=8000", "logger=none", "trainer.progress=false",
+            "strategy=packed"]
+    run(compose_config(base), tmp_path / "online")
+    run(compose_config([*base, "trainer.target_features=cached"]), tmp_path / "cached")
+    online, cached = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("online", "cached"))
+    assert len(online) == len(cached) >= 5
+    for a, b in zip(online, cached):  # the same steps and samples; losses within the features' rounding
+        assert (a["step"], a["tokens_seen"], a["samples_per_step"]) == (b["step"], b["tokens_seen"],
+                                                                       b["samples_per_step"])
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    summary = json.loads((tmp_path / "cached" / "summary.json").read_text())
+    assert summary["target_features"] == "cached"
+    with pytest.raises(BadInput, match="topology=disaggregated runs the target on ranks of its own"):
+        prepared_config(compose_config([*base, "trainer.target_features=cached", "topology=disaggregated",
+                                        "trainer.nproc=3"]))

@@ -118,6 +118,19 @@ def test_a_run_trains_a_drafter_on_a_llama_target_and_the_drafter_shares_its_emb
     assert 0.0 < summary["eval_draft_vocab_miss_rate"] < 1.0
 
 
+def test_a_pretrained_targets_own_vocabulary_checks_the_data(llama_dir):
+    """Token ids are checked against the checkpoint's vocabulary, not data.vocab_size (which sizes a random target)."""
+    from harness.models.causal_lm_target import checkpoint_vocab_size
+    from harness.train.config import run_config_from_dict
+    from harness.train.loop.epoch_data import target_vocab_size
+
+    assert checkpoint_vocab_size(llama_dir) == 512
+    config = run_config_from_dict(compose_config(["experiment=smoke", f"target.pretrained={llama_dir}",
+                                                  "data.vocab_size=4096"]))
+    assert target_vocab_size(config) == 512
+    assert target_vocab_size(run_config_from_dict(compose_config(["experiment=smoke", "data.vocab_size=4096"]))) == 4096
+
+
 def test_an_encoder_is_refused_naming_what_it_is(tmp_path):
     import transformers
 

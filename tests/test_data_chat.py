@@ -487,3 +487,23 @@ def test_batchlab_plan_plans_whole_conversations_under_the_chat_template(chat_to
     assert plan_main(["--lengths", str(bad), "--tokenizer", str(chat_tokenizer), "--bad-rows", "drop",
                       "--max-tokens", "256", "--epochs", "1"]) == 0
     assert "1 bad dropped (1 empty turn)" in capsys.readouterr().err
+
+
+def test_the_embedded_corpus_takes_a_given_tokenizer_instead_of_its_own_bpe(chat_tokenizer, batchlab_cache):
+    """data.tokenizer (a target's own, by default) tokenizes the embedded corpus too: every definition's prompt and
+    completion are that tokenizer's ids, the vocabulary its size; without it the embedded BPE as before."""
+    from transformers import AutoTokenizer
+
+    from harness.data.corpus_cache import corpus_documents, select_documents
+
+    given = load_samples(DataConfig(max_documents=20, tokenizer=str(chat_tokenizer)), progress=False)
+    plain = load_samples(DataConfig(max_documents=20), progress=False)
+    hf = AutoTokenizer.from_pretrained(chat_tokenizer)
+    assert given.vocab_size == len(hf) and f"tokenizer {chat_tokenizer}" in given.source
+    assert "byte-level BPE" in plain.source and given.fingerprint != plain.fingerprint
+    chosen = select_documents(corpus_documents(DataConfig(), progress=False)[0], 20, 0)
+    for row, definition in enumerate(chosen[:5]):
+        ids, mask = given.sample(row)
+        prompt = hf(definition.prompt, add_special_tokens=False)["input_ids"]
+        completion = hf(definition.completion, add_special_tokens=False)["input_ids"]
+        assert ids.tolist() == prompt + completion and mask.tolist() == [0] * len(prompt) + [1] * len(completion)

@@ -56,9 +56,10 @@ class DataConfig:
             no ``input_ids``, text when it has a ``text`` column and neither), ``"tokenized"`` (``input_ids`` +
             ``loss_mask``), ``"conversations"`` (OpenAI ``messages`` or ShareGPT ``conversations``,
             :mod:`harness.data.chat`) or ``"text"`` (a ``text`` column, :mod:`harness.data.text_tokenize`).
-        tokenizer: conversations and text: a local Hugging Face tokenizer directory or a ``.gguf`` file whose chat template is
-            applied (``None``: the target checkpoint's own when ``target.pretrained`` is one, the embedded
-            chat tokenizer for ``source=stdlib-chat``).
+        tokenizer: a local Hugging Face tokenizer directory or a ``.gguf`` file: conversations get its chat
+            template, text and the embedded corpus its tokens (``None``: the target checkpoint's own when
+            ``target.pretrained`` is one, else the embedded BPE, or the embedded chat tokenizer for
+            ``source=stdlib-chat``).
         incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med
             after its last assistant turn, ``"drop"``-ped (one with no assistant turn too), or an ``"error"``
             (a bad row), counted either way.

@@ -109,6 +109,9 @@ def stdlib_samples(
         "vocab_size": cfg.vocab_size,
         "tokenizers": tokenizers.__version__,
     }
+    if cfg.tokenizer is not None:  # a given tokenizer (e.g. the target's) instead of the embedded BPE
+        tokenizer_path = Path(cfg.tokenizer).expanduser().resolve()
+        payload["tokenizer"] = cache.path_signature(tokenizer_path)
     key = cache.digest(payload)
 
     def build(tmp: Path) -> dict:
@@ -141,7 +144,14 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
             "root (data.source='stdlib' reads this interpreter's standard library)"
         )
     texts = [d.text for d in chosen]
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    if cfg.tokenizer is None:
+        tokenizer = train_tokenizer(texts, cfg.vocab_size)
+        vocab_size = tokenizer.get_vocab_size()
+    else:  # data.tokenizer (a target checkpoint's own, by default): its fast tokenizer's backend encodes the same way
+        from harness.data.chat_tokenize import load_hf_tokenizer
+
+        given = load_hf_tokenizer(cfg.tokenizer)
+        tokenizer, vocab_size = given.backend_tokenizer, len(given)
     offsets, input_ids, loss_mask = encode_prompt_completion(
         tokenizer, [d.prompt for d in chosen], [d.completion for d in chosen]
     )
@@ -167,7 +177,8 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
         "max_documents": cfg.max_documents,
         "subset_seed": cfg.subset_seed,
         "vocab_size_requested": cfg.vocab_size,
-        "vocab_size": tokenizer.get_vocab_size(),
+        "vocab_size": vocab_size,
+        **({} if cfg.tokenizer is None else {"tokenizer": str(cfg.tokenizer)}),
         "num_samples": len(chosen),
         "total_tokens": int(offsets[-1]),
         "supervised_tokens": int(loss_mask.sum(dtype=np.int64)),

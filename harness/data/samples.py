@@ -163,7 +163,9 @@ def load_samples(
         subset = "all" if cfg.max_documents is None else f"seeded subset (seed {cfg.subset_seed})"
         description = (
             f"stdlib corpus of Python {corpus['python']} at {corpus['root']}: {meta['num_samples']} of "
-            f"{corpus['documents']} definitions ({subset}), byte-level BPE vocab {meta['vocab_size']}"
+            f"{corpus['documents']} definitions ({subset}), "
+            + (f"byte-level BPE vocab {meta['vocab_size']}" if cfg.tokenizer is None else
+               f"tokenizer {cfg.tokenizer} (vocab {meta['vocab_size']})")
         )
         samples = TokenizedSamples(
             dataset=dataset,

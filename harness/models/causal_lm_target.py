@@ -80,6 +80,21 @@ def check_causal_lm(path: str | Path) -> None:
                          "Qwen3.5-style hybrid")
 
 
+def checkpoint_vocab_size(path: str | Path) -> int:
+    """The vocabulary of a target checkpoint (a hybrid or any causal LM directory, or a GGUF file), from its config
+    alone (nothing is loaded but its metadata)."""
+    path = Path(path)
+    if is_hybrid_checkpoint(path):
+        from harness.models.config import load_target_config
+
+        return int(load_target_config(path).vocab_size)
+    from transformers import AutoConfig
+
+    config = (AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True) if is_gguf(path)
+              else AutoConfig.from_pretrained(path, local_files_only=True))
+    return int(config.get_text_config().vocab_size if hasattr(config, "get_text_config") else config.vocab_size)
+
+
 class CausalLMTarget(nn.Module):
     """A frozen transformers causal LM that returns the outputs of its tapped decoder layers.
 

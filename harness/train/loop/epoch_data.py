@@ -71,11 +71,22 @@ class Selection:
             f" ({', '.join(left_out)})" if left_out else "")
 
 
+def target_vocab_size(config: RunConfig) -> int:
+    """The vocabulary every token id must lie in: a pretrained checkpoint's own (from its config), else the
+    random-weight or embedded target's ``target.vocab_size`` (0: unknown, not checked)."""
+    pretrained = config.target.pretrained
+    if pretrained and pretrained != "embedded":  # rank_models.EMBEDDED_TARGET: follows the data, as a random one
+        from harness.models.causal_lm_target import checkpoint_vocab_size
+
+        return checkpoint_vocab_size(pretrained)
+    return int(config.target_kwargs.get("vocab_size") or 0)
+
+
 def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
     """Validate both splits and apply ``trainer.oversize`` ("drop" leaves samples out, counted; "truncate"
     shortens them to the budget; "error" names the first one). Run once before any rank starts (bad data is
     bad input) and again by every rank; a ValueError names the sample, the setting and the fix."""
-    vocab_size = int(config.target_kwargs.get("vocab_size") or 0)
+    vocab_size = target_vocab_size(config)
     train_rows, heldout_rows = heldout_split(len(samples), config.data)
     train_rows, validation_rows = validation_split(train_rows, config.data)
     check = dict(vocab_size=vocab_size, block_size=config.drafter_config.block_size, no_anchor=config.data.no_anchor)

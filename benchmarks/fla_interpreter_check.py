@@ -39,9 +39,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from harness.models.compare import max_relative_difference  # noqa: E402
-from harness.models.gated_delta import gated_delta_rule  # noqa: E402
+from harness.models.gdn.gated_delta import gated_delta_rule  # noqa: E402
 from harness.models.layout import TokenBatch  # noqa: E402
-from harness.models.short_conv import causal_conv1d  # noqa: E402
+from harness.models.gdn.short_conv import causal_conv1d  # noqa: E402
 from results_file import cpu_model, write_section  # noqa: E402
 
 SECTION = "## fla kernels through Triton's interpreter (CPU)"

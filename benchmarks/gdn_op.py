@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from harness.models.gated_delta import gated_delta_rule
+from harness.models.gdn.gated_delta import gated_delta_rule
 
 
 def lognormal_lengths(num_docs: int, total_tokens: int, sigma: float, seed: int) -> list[int]:

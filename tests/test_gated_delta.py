@@ -15,7 +15,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 )
 
 from harness.models.compare import max_relative_difference
-from harness.models.gated_delta import (
+from harness.models.gdn.gated_delta import (
     GATED_DELTA_BACKENDS,
     default_chunk_size,
     gated_delta_rule,
@@ -270,7 +270,7 @@ def test_fla_backend_on_cpu_tensors_says_how_to_fix(monkeypatch):
 
 
 def test_triton_interpreter_lets_fla_take_cpu_tensors_but_auto_never_picks_it(monkeypatch):
-    from harness.models.gated_delta import resolve_backend
+    from harness.models.gdn.gated_delta import resolve_backend
     from harness.models.kernel_libraries import fla_available
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")

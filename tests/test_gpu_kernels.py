@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from harness.models.compare import max_relative_difference
-from harness.models.gated_delta import gated_delta_rule, resolve_backend
-from harness.models.short_conv import causal_conv1d
+from harness.models.gdn.gated_delta import gated_delta_rule, resolve_backend
+from harness.models.gdn.short_conv import causal_conv1d
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_FLA = importlib.util.find_spec("fla") is not None

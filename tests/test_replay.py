@@ -43,12 +43,12 @@ def test_replayed_rounds_equal_live_decoding_and_its_tokens_plain_greedy(models,
     if which != "drafter":
         drafter = (OracleDrafter if which == "oracle" else SpoiledOracle)(
             target, config.block_size, list(config.target_layer_ids))
-    prompts = random_prompts(5, seed=11)
-    cached = prepare_replay(target, prompts, 13, drafter.target_layer_ids, batch_size=3)
+    prompts = random_prompts(4, seed=11)
+    cached = prepare_replay(target, prompts, 11, drafter.target_layer_ids, batch_size=3)
     for prompt, replay in zip(prompts, cached):  # the cache holds the target's own greedy continuation
-        assert replay.tokens == prompt + greedy_decode(target, prompt, 13)
-    live = speculative_decode_batch(target, drafter, prompts, 13)
-    replayed = replay_decode(drafter, cached, 13)
+        assert replay.tokens == prompt + greedy_decode(target, prompt, 11)
+    live = speculative_decode_batch(target, drafter, prompts, 11)
+    replayed = replay_decode(drafter, cached, 11)
     assert [r.tokens for r in replayed] == [r.tokens for r in live]
     assert [r.accepted_per_forward for r in replayed] == [r.accepted_per_forward for r in live]
     assert [r.target_forwards for r in replayed] == [r.target_forwards for r in live]
@@ -57,8 +57,8 @@ def test_replayed_rounds_equal_live_decoding_and_its_tokens_plain_greedy(models,
         assert max(gains) == config.block_size  # whole blocks accepted
     if which == "spoiled":
         assert len(gains) > 2  # partial acceptance, several lengths
-    summary = replay_acceptance(drafter, cached, 13, batch_size=2)
-    reference = evaluate_acceptance(target, drafter, prompts, 13, batch_size=2)
+    summary = replay_acceptance(drafter, cached, 11, batch_size=2)
+    reference = evaluate_acceptance(target, drafter, prompts, 11, batch_size=2)
     for key in ("eval_tau_real", "eval_tau_real_hist", "eval_speedup_bound", "eval_real_tokens",
                 "eval_real_target_forwards", "eval_accepted_per_prompt"):
         assert summary[key] == reference[key], key

@@ -10,7 +10,7 @@ import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
 
 from harness.models.compare import max_relative_difference
-from harness.models.short_conv import causal_conv1d
+from harness.models.gdn.short_conv import causal_conv1d
 
 TOL = 1e-6
 

@@ -132,9 +132,9 @@ def test_packed_forward_checks_boundaries_and_plans_chunks_once(target, docs, mo
     nothing back (no device sync on CUDA). A raw batch (cu_seqlens set by hand) is checked and read
     back once per forward. Either way the GDN chunk plan and conv windows are built by the first
     layer that needs them, not once per layer."""
-    import harness.models.gated_delta as gated_delta_module
+    import harness.models.gdn.gated_delta as gated_delta_module
     import harness.models.layout as layout_module
-    import harness.models.short_conv as short_conv_module
+    import harness.models.gdn.short_conv as short_conv_module
 
     calls = {"validate": 0, "plan": 0, "windows": 0}
 
@@ -163,9 +163,9 @@ def test_packed_forward_checks_boundaries_and_plans_chunks_once(target, docs, mo
 
 
 def test_prepared_documents_give_the_same_result_as_raw_cu_seqlens() -> None:
-    from harness.models.gated_delta import gated_delta_rule
+    from harness.models.gdn.gated_delta import gated_delta_rule
     from harness.models.layout import PackedDocuments
-    from harness.models.short_conv import causal_conv1d
+    from harness.models.gdn.short_conv import causal_conv1d
 
     lengths = [5, 1, 40, 17]
     total = sum(lengths)
@@ -191,9 +191,9 @@ def test_prepared_documents_give_the_same_result_as_raw_cu_seqlens() -> None:
 
 
 def test_prepared_documents_own_their_boundaries_and_survive_inference_mode() -> None:
-    from harness.models.gated_delta import gated_delta_rule
+    from harness.models.gdn.gated_delta import gated_delta_rule
     from harness.models.layout import PackedDocuments
-    from harness.models.short_conv import causal_conv1d
+    from harness.models.gdn.short_conv import causal_conv1d
 
     cu = torch.tensor([0, 5, 6, 46, 63], dtype=torch.int32)
     prepared = PackedDocuments.from_cu_seqlens(cu, total=63)

@@ -194,7 +194,7 @@ def _fla_rows(
     import torch
 
     from harness.models.compare import max_relative_difference
-    from harness.models.gated_delta import gated_delta_rule
+    from harness.models.gdn.gated_delta import gated_delta_rule
 
     device, dtype = target.device, target.dtype
     generator = torch.Generator(device="cpu").manual_seed(seed)

@@ -10,8 +10,8 @@ with autograd, for pretraining the target). Documents never see each other:
   the padded positions before mixing (transformers' ``apply_mask_to_padding_states``), so right (and
   left) padding matches running each document alone;
 * a packed ``[1, T]`` row: the GDN recurrence and its short conv restart at every ``cu_seqlens``
-  boundary (:func:`~harness.models.gated_delta.gated_delta_rule`,
-  :func:`~harness.models.short_conv.causal_conv1d`) and attention is per document
+  boundary (:func:`~harness.models.gdn.gated_delta.gated_delta_rule`,
+  :func:`~harness.models.gdn.short_conv.causal_conv1d`) and attention is per document
   (:func:`~harness.models.attention.document_causal_attention`) with RoPE from the per-document
   ``position_ids``.
 
@@ -46,9 +46,9 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
 
 from harness.models.attention import document_causal_attention
 from harness.models.config import build_target_layer_ids, check_tap_layer_ids, load_target_config
-from harness.models.gated_delta import gated_delta_rule
+from harness.models.gdn.gated_delta import gated_delta_rule
 from harness.models.layout import PackedDocuments, TokenBatch
-from harness.models.short_conv import causal_conv1d
+from harness.models.gdn.short_conv import causal_conv1d
 
 __all__ = ["HybridTarget", "TargetFeatures", "checked_input_ids"]
 

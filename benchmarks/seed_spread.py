@@ -86,15 +86,17 @@ def main() -> None:
         raise SystemExit(f"--reference {args.reference!r} is not among --strategies {strategies}")
     loss: dict[tuple[str, str, int], float] = {}
     tau_real: dict[tuple[str, str, int], float] = {}
-    started = time.time()
+    started, reused = time.time(), 0
     with tempfile.TemporaryDirectory() as temporary:
         scratch = Path(args.runs_dir or temporary)
         for seed in seeds:  # seeds outermost, strategies interleaved: a slow spell falls on all alike
             for arm, overrides in arms.items():
                 for strategy in strategies:
+                    run_dir = scratch / arm / f"{strategy}-s{seed}"
+                    reused += (run_dir / "summary.json").exists()
                     summary = run(compose(["experiment=strategies", f"strategy={strategy}", f"seed={seed}",
                                            "eval.split=validation", "logger=none", "trainer.progress=false",
-                                           *overrides]), scratch / arm / f"{strategy}-s{seed}")
+                                           *overrides]), run_dir)
                     assert summary["eval_split"] == "validation"
                     loss[arm, strategy, seed] = summary["eval_loss"]
                     tau_real[arm, strategy, seed] = summary["eval_tau_real"]
@@ -107,7 +109,8 @@ def main() -> None:
         f"{TITLE}\n\n"
         f"Command: `python benchmarks/seed_spread.py --arms \"{args.arms}\" --strategies {args.strategies} "
         f"--seeds {args.seeds} --write`. Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
-        f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min.\n\n"
+        f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min"
+        + (f" ({reused} of {len(loss)} runs reused from --runs-dir)" if reused else "") + ".\n\n"
         "The main job (`experiment=strategies`) under each arm's overrides, evaluated on the validation rows (never "
         "the test rows) at the end of each run, on tuning seeds. A pilot for the design, not a result: the seeds "
         "a contrast needs scale with the sd of its paired difference squared.\n\n"

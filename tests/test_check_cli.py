@@ -85,7 +85,8 @@ def test_bad_input_exits_2_with_the_value(capsys):
 
 def test_fla_rows_compare_two_backends(monkeypatch):
     # No GPU here: stand fla in with the recurrent oracle to exercise the comparison end to end.
-    from harness.models import gated_delta, target as target_module
+    from harness.models import target as target_module
+    from harness.models.gdn import gated_delta
     from harness.models.drafter import DFlashDrafter, load_drafter_config
     from harness.models.layout import TokenBatch
     from harness.models.target import HybridTarget

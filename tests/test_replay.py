@@ -3,27 +3,11 @@ decoding, whose tokens equal plain greedy decoding."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
-from test_speculative import CheckingPartialOracle, OracleDrafter, random_prompts
+from test_speculative import CheckingPartialOracle, OracleDrafter, models, random_prompts  # noqa: F401 (fixture)
 
 from harness.eval.replay import prepare_replay, replay_acceptance, replay_decode
 from harness.eval.speculative import evaluate_acceptance, greedy_decode, speculative_decode_batch
-from harness.models.drafter import DFlashDrafter, load_drafter_config
-from harness.models.target import HybridTarget
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def models():
-    config = load_drafter_config(REPO / "conf" / "drafter" / "tiny.yaml")
-    torch.manual_seed(0)
-    target = HybridTarget(REPO / "conf" / "target" / "tiny.yaml", tap_layer_ids=config.target_layer_ids)
-    torch.manual_seed(1)
-    return target, DFlashDrafter.from_target(target, config), config
 
 
 class SpoiledOracle(OracleDrafter):
@@ -39,10 +23,10 @@ class SpoiledOracle(OracleDrafter):
 
 @pytest.mark.parametrize("which", ["drafter", "oracle", "spoiled"])
 def test_replayed_rounds_equal_live_decoding_and_its_tokens_plain_greedy(models, which):
-    target, drafter, config = models
+    target, drafter = models
+    block = drafter.block_size
     if which != "drafter":
-        drafter = (OracleDrafter if which == "oracle" else SpoiledOracle)(
-            target, config.block_size, list(config.target_layer_ids))
+        drafter = (OracleDrafter if which == "oracle" else SpoiledOracle)(target, block, list(drafter.target_layer_ids))
     prompts = random_prompts(4, seed=11)
     cached = prepare_replay(target, prompts, 11, drafter.target_layer_ids, batch_size=3)
     for prompt, replay in zip(prompts, cached):  # the cache holds the target's own greedy continuation
@@ -54,7 +38,7 @@ def test_replayed_rounds_equal_live_decoding_and_its_tokens_plain_greedy(models,
     assert [r.target_forwards for r in replayed] == [r.target_forwards for r in live]
     gains = {g for r in live for g in r.accepted_per_forward}
     if which == "oracle":
-        assert max(gains) == config.block_size  # whole blocks accepted
+        assert max(gains) == block  # whole blocks accepted
     if which == "spoiled":
         assert len(gains) > 2  # partial acceptance, several lengths
     summary = replay_acceptance(drafter, cached, 11, batch_size=2)
@@ -65,8 +49,8 @@ def test_replayed_rounds_equal_live_decoding_and_its_tokens_plain_greedy(models,
 
 
 def test_a_replay_stops_at_eos_and_at_fewer_new_tokens_than_were_cached(models):
-    target, _, config = models
-    oracle = OracleDrafter(target, config.block_size, list(config.target_layer_ids))
+    target, drafter = models
+    oracle = OracleDrafter(target, drafter.block_size, list(drafter.target_layer_ids))
     prompts = random_prompts(4, seed=5)
     cached = prepare_replay(target, prompts, 12, oracle.target_layer_ids)
     for new_tokens in (1, 5, 12):
@@ -80,8 +64,8 @@ def test_a_replay_stops_at_eos_and_at_fewer_new_tokens_than_were_cached(models):
 
 
 def test_the_replays_contexts_are_the_targets_features_before_each_anchor(models):
-    target, _, config = models
-    checking = CheckingPartialOracle(target, config.block_size, list(config.target_layer_ids))
+    target, drafter = models
+    checking = CheckingPartialOracle(target, drafter.block_size, list(drafter.target_layer_ids))
     cached = prepare_replay(target, random_prompts(3, seed=2), 10, checking.target_layer_ids)
     replay_decode(checking, cached, 10)  # it asserts on every block: positions < anchor, nothing after
     assert checking.calls > 3

@@ -34,9 +34,10 @@ def test_the_cache_holds_each_rows_features_and_gives_them_back_in_every_layout(
     from harness.train.batch import BatchCollator
 
     config, samples, rows, target = _inputs()
-    entry, meta, built = ensure_feature_cache(config, samples, rows, target)
+    entry, meta, built = ensure_feature_cache(config, samples, rows, lambda: target)
     assert built and meta["rows"] == rows.size and meta["taps"] == list(target.tap_layer_ids)
-    assert ensure_feature_cache(config, samples, rows, target)[2] is False  # the second time: read, not built
+    # the second time: read, and no target built for it
+    assert ensure_feature_cache(config, samples, rows, lambda: pytest.fail("built a target"))[2] is False
     store = FeatureStore(entry, list(target.tap_layer_ids))
     for layout in ("padded", "packed"):
         collate = BatchCollator(samples, layout, anchor_seed=0, block_size=8, num_anchors=16, mask_token_id=512,
@@ -71,15 +72,15 @@ def test_an_interrupted_build_goes_on_from_the_rows_it_had_written(batchlab_cach
     monkeypatch.setattr(feature_cache, "ROWS_PER_SAVE", feature_cache.ROWS_PER_FORWARD)  # saved after each forward
     monkeypatch.setattr(type(target), "forward", failing)
     with pytest.raises(KeyboardInterrupt):
-        ensure_feature_cache(config, samples, rows, target)
-    key = feature_cache.cache_key(config, samples.fingerprint, rows, list(target.tap_layer_ids))
+        ensure_feature_cache(config, samples, rows, lambda: target)
+    key = feature_cache.cache_key(config, samples.fingerprint, rows)
     partial = config.data.resolved_cache_dir() / f".features-{key}.partial"
     assert json.loads((partial / "done.json").read_text())["rows"] == 2 * feature_cache.ROWS_PER_FORWARD
     monkeypatch.setattr(type(target), "forward", real_forward)
     forwards = []
     monkeypatch.setattr(type(target), "forward",
                         lambda self, batch, *a, **k: forwards.append(1) or real_forward(self, batch, *a, **k))
-    entry, meta, built = ensure_feature_cache(config, samples, rows, target)
+    entry, meta, built = ensure_feature_cache(config, samples, rows, lambda: target)
     expected = -(-rows.size // feature_cache.ROWS_PER_FORWARD) - 2  # the rest only
     assert built and len(forwards) == expected and not partial.exists()
     fresh, _, _ = _fresh_build(config, samples, rows, target, tmp=entry.parent / "fresh")
@@ -93,7 +94,7 @@ def _fresh_build(config, samples, rows, target, tmp):
 
     other = run_config_from_dict({**compose_config(["experiment=smoke", "logger=none", "data.max_documents=40"]),
                                   "data": {**dataclasses.asdict(config.data), "cache_dir": str(tmp)}})
-    return ensure_feature_cache(other, samples, rows, target)
+    return ensure_feature_cache(other, samples, rows, lambda: target)
 
 
 def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, batchlab_cache):

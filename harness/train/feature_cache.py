@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +48,27 @@ def _target_identity(config: Any) -> dict[str, Any]:
     return {"config": config.target_kwargs, "init_seed": TARGET_INIT_SEED}
 
 
-def cache_key(config: Any, fingerprint: str, rows: np.ndarray, tap_layer_ids: list[int]) -> str:
-    return cache.digest({"target": _target_identity(config), "taps": list(tap_layer_ids),
-                         "precision": config.trainer.precision, "data": fingerprint,
-                         "rows": np.asarray(rows, dtype=np.int64).tolist(), "max_tokens": config.trainer.max_tokens,
-                         "version": 1})
+def cache_key(config: Any, fingerprint: str, rows: np.ndarray) -> str:
+    """The entry's key: the tapped layers as configured (``drafter.target_layer_ids``, or DFlash's rule for the
+    drafter's depth, which the target's identity then fixes), so that a hit needs no target built."""
+    drafter = config.drafter
+    return cache.digest({"target": _target_identity(config), "taps": drafter.target_layer_ids,
+                         "draft_layers": drafter.num_hidden_layers, "precision": config.trainer.precision,
+                         "data": fingerprint, "rows": np.asarray(rows, dtype=np.int64).tolist(),
+                         "max_tokens": config.trainer.max_tokens, "version": 2})
 
 
-def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, target: Any,
+def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
                          progress: bool = False) -> tuple[Path, dict, bool]:
-    """The cache entry of ``target``'s tapped features of dataset ``rows`` (built when missing): ``(entry, meta,
-    built)``."""
-    taps = list(target.tap_layer_ids)
-    key = cache_key(config, samples.fingerprint, rows, taps)
+    """The cache entry of the target's tapped features of dataset ``rows``: ``(entry, meta, built)``; the target
+    (``make_target()``) is built only when the entry is missing."""
+    key = cache_key(config, samples.fingerprint, rows)
     cache_dir = config.data.resolved_cache_dir()
     partial = cache_dir / f".{PREFIX}-{key}.partial"
 
     def build(tmp: Path) -> dict:
+        target = make_target()
+        taps = list(target.tap_layer_ids)
         _build_partial(partial, samples, np.asarray(rows, dtype=np.int64), target, taps,
                        int(config.trainer.max_tokens), progress)
         for name in (FEATURES_FILE, INDEX_FILE):
@@ -80,19 +85,19 @@ def _build_partial(partial: Path, samples: Any, rows: np.ndarray, target: Any, t
                    progress: bool) -> None:
     """Compute the features into ``partial`` (created or resumed: ``done.json`` counts the rows written)."""
     lengths = np.minimum(samples.lengths[rows], max_tokens).astype(np.int64)
-    order = rows[np.argsort(lengths, kind="stable")]  # similar lengths together: little padding
+    sort = np.argsort(lengths, kind="stable")  # similar lengths together: little padding
+    order = rows[sort]
     width = len(taps) * int(target.hidden_size)
     partial.mkdir(parents=True, exist_ok=True)
     done_file = partial / "done.json"
     done = json.loads(done_file.read_text())["rows"] if done_file.is_file() else 0
     if done == 0:
         index = np.full((len(samples), 2), (-1, 0), dtype=np.int64)
-        starts = np.cumsum(np.concatenate([[0], np.minimum(samples.lengths[order], max_tokens)[:-1]]))
-        index[order, 0] = starts
-        index[order, 1] = np.minimum(samples.lengths[order], max_tokens)
+        index[order, 1] = lengths[sort]
+        index[order, 0] = np.cumsum(lengths[sort]) - lengths[sort]
         np.save(partial / INDEX_FILE, index)
-        total = int(index[order, 1].sum())
-        np.lib.format.open_memmap(partial / FEATURES_FILE, mode="w+", dtype=np.float32, shape=(total, width)).flush()
+        np.lib.format.open_memmap(partial / FEATURES_FILE, mode="w+", dtype=np.float32,
+                                  shape=(int(lengths.sum()), width)).flush()
     index = np.load(partial / INDEX_FILE)
     features = np.load(partial / FEATURES_FILE, mmap_mode="r+")
     from tqdm import tqdm

@@ -183,7 +183,8 @@ def _feature_cache(config: Any, samples: Any, rows: Any) -> str:
     from harness.train.rank_models import build_target, run_dtype
 
     device = torch.device("cuda" if config.trainer.device == "cuda" else "cpu")
-    entry, meta, built = ensure_feature_cache(config, samples, rows, build_target(config, run_dtype(config), device),
+    entry, meta, built = ensure_feature_cache(config, samples, rows,
+                                              lambda: build_target(config, run_dtype(config), device),
                                               progress=config.trainer.progress)
     return f"{meta['rows']:,} rows, {meta['tokens']:,} tokens, {'built' if built else 'from the cache'}: {entry}"
 

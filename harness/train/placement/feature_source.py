@@ -130,10 +130,11 @@ class CachedFeatures(LocalTarget):
         super().__init__(inputs)
         from harness.train.feature_cache import FeatureStore, ensure_feature_cache
 
-        if list(inputs.target.tap_layer_ids) != list(inputs.tap_layer_ids):
-            raise ValueError(f"the target taps layers {list(inputs.target.tap_layer_ids)}, the drafter reads "
-                             f"{list(inputs.tap_layer_ids)}: the cache holds the target's")
-        entry, _, _ = ensure_feature_cache(inputs.config, inputs.collate.samples, inputs.rows, inputs.target)
+        entry, meta, _ = ensure_feature_cache(inputs.config, inputs.collate.samples, inputs.rows,
+                                              lambda: inputs.target)
+        if meta["taps"] != list(inputs.tap_layer_ids):
+            raise ValueError(f"the feature cache {entry} holds layers {meta['taps']}, the drafter reads "
+                             f"{list(inputs.tap_layer_ids)}")
         self.store = FeatureStore(entry, inputs.tap_layer_ids)
 
     def features(self, batch: TrainingBatch, step: int) -> TargetFeatures | None:

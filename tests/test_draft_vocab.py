@@ -35,11 +35,12 @@ def test_a_label_outside_the_vocabulary_weighs_nothing_and_counts_as_a_miss():
     vocab = DraftVocabulary([0, 2, 4], target_vocab_size=6)
     labels = torch.tensor([[2, 3], [5, 4]])
     valid = torch.tensor([[True, True], [False, True]])
-    mapped = vocab.map_labels(labels, torch.tensor([[1.0, 0.5], [0.25, 0.125]]), valid)
+    mapped = vocab.map_labels(labels, valid, torch.tensor([[1.0, 0.5], [0.25, 0.125]]))
     assert mapped.labels.tolist() == [[1, 0], [0, 2]]
     assert mapped.loss_weights.tolist() == [[1.0, 0.0], [0.0, 0.125]]
-    assert mapped.hittable.tolist() == [[True, False], [False, True]]
     assert mapped.misses.tolist() == [[False, True], [False, False]]  # token 5 is not counted: no miss
+    assert (valid & ~mapped.misses).tolist() == [[True, False], [False, True]]  # the labels an argmax can hit
+    assert vocab.map_labels(labels, valid).loss_weights is None  # labels alone (materialised logits' loss)
 
 
 def _drafter(vocab_size=40, draft_vocab=None, seed=0):

@@ -29,12 +29,11 @@ __all__ = ["DraftVocabulary", "MappedLabels"]
 
 @dataclass(frozen=True)
 class MappedLabels:
-    """Labels in draft indices (0 where a label is outside the vocabulary), their weights (0 there), which labels
-    the head can hit, and which are misses (counted labels outside the vocabulary)."""
+    """Labels in draft indices (0 where a label is outside the vocabulary), their weights (0 there; None when none
+    were given), and the misses (counted labels outside the vocabulary)."""
 
     labels: torch.Tensor
-    loss_weights: torch.Tensor
-    hittable: torch.Tensor
+    loss_weights: torch.Tensor | None
     misses: torch.Tensor
 
 
@@ -108,11 +107,12 @@ class DraftVocabulary:
                 restricted.bias.copy_(bias.detach()[self.draft_ids.to(weight.device)])
         return restricted.requires_grad_(False)
 
-    def map_labels(self, labels: torch.Tensor, loss_weights: torch.Tensor,
-                   label_valid: torch.Tensor) -> MappedLabels:
+    def map_labels(self, labels: torch.Tensor, label_valid: torch.Tensor,
+                   loss_weights: torch.Tensor | None = None) -> MappedLabels:
         """Target-id labels as draft indices (module docstring): a counted label outside the vocabulary is a miss
         that weighs nothing and that no argmax hits."""
         index = self._draft_index.to(labels.device)[labels]
         outside = index < 0
-        return MappedLabels(labels=index.clamp_min(0), loss_weights=loss_weights.masked_fill(outside, 0),
-                            hittable=label_valid & ~outside, misses=label_valid & outside)
+        return MappedLabels(labels=index.clamp_min(0),
+                            loss_weights=None if loss_weights is None else loss_weights.masked_fill(outside, 0),
+                            misses=label_valid & outside)

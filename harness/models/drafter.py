@@ -228,14 +228,14 @@ class DFlashDrafter(nn.Module):
         """The target's LM head (frozen), restricted to the draft vocabulary when there is one."""
         return self._target_io[1]
 
-    def _labels(self, inputs: DrafterInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
-                                                      torch.Tensor | None]:
-        """``(labels, loss_weights, hittable, misses)`` for the head: the target's ids as they are, or their draft
-        indices (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`)."""
+    def _labels(self, labels: torch.Tensor, label_valid: torch.Tensor, loss_weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(labels, loss_weights, misses)`` for the head: the target's ids as they are, or their draft indices
+        (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`)."""
         if self.draft_vocab is None:
-            return inputs.labels, inputs.loss_weights, None, None
-        mapped = self.draft_vocab.map_labels(inputs.labels, inputs.loss_weights, inputs.label_valid)
-        return mapped.labels, mapped.loss_weights, mapped.hittable, mapped.misses
+            return labels, loss_weights, None
+        mapped = self.draft_vocab.map_labels(labels, label_valid, loss_weights)
+        return mapped.labels, mapped.loss_weights, mapped.misses
 
     def draft_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """The target token ids of the head's argmax (draft indices mapped back through the draft vocabulary)."""
@@ -351,10 +351,10 @@ class DFlashDrafter(nn.Module):
         reduction sees the same parameters on every rank.
         """
         head = self.lm_head
-        labels, weights, hittable, misses = self._labels(inputs)
+        labels, weights, misses = self._labels(inputs.labels, inputs.label_valid, inputs.loss_weights)
         result = chunked_drafter_loss(
             hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid, inputs.layout.keep,
-            self.config.loss_chunk_blocks, hittable, misses,
+            self.config.loss_chunk_blocks, misses,
         )
         return self._keep_parameters_in_graph(result, inputs.layout.num_blocks)
 
@@ -363,9 +363,9 @@ class DFlashDrafter(nn.Module):
         """:meth:`prepared_loss`'s sums without a gradient, also kept per block (the evaluation's per-sample
         numbers: :func:`~harness.models.drafter_loss.block_losses`)."""
         head = self.lm_head
-        labels, weights, hittable, misses = self._labels(inputs)
+        labels, weights, misses = self._labels(inputs.labels, inputs.label_valid, inputs.loss_weights)
         return block_losses(hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid,
-                            inputs.layout.keep, self.config.loss_chunk_blocks, hittable, misses)
+                            inputs.layout.keep, self.config.loss_chunk_blocks, misses)
 
     def empty_loss(self, device: torch.device | str) -> DrafterLoss:
         """The sums of a micro-batch with no token at all (a short last step): zeros, with every trainable
@@ -410,10 +410,7 @@ class DFlashDrafter(nn.Module):
         Every trainable parameter is in the graph of ``weighted_ce_sum``, even for a micro-batch with
         no block at all (see :meth:`prepared_loss`).
         """
-        labels, misses = output.labels, None
-        if self.draft_vocab is not None:  # the logits are over the draft vocabulary: labels as draft indices
-            mapped = self.draft_vocab.map_labels(output.labels, output.label_valid.float(), output.label_valid)
-            labels, misses = mapped.labels, mapped.misses
+        labels, _, misses = self._labels(output.labels, output.label_valid)  # as indices of the logits' rows
         result = drafter_loss(output.logits, labels, output.label_valid, output.layout.keep, self.loss_decay_gamma,
                               misses)
         return self._keep_parameters_in_graph(result, output.layout.num_blocks)

@@ -128,7 +128,7 @@ def drafter_loss(
         )
     num_blocks, num_slots, vocab = logits.shape
     dtype = torch.promote_types(logits.dtype, torch.float32)  # at least fp32, float64 stays float64
-    hittable = label_valid if misses is None else label_valid & ~misses
+    hittable = _hittable(label_valid, misses)
     weights = hittable.to(dtype) * slot_decay(num_slots + 1, loss_decay_gamma, logits.device).to(dtype)
     ce = F.cross_entropy(logits.to(dtype).reshape(-1, vocab), labels.reshape(-1), reduction="none")
     ce = ce.reshape(num_blocks, num_slots)
@@ -141,6 +141,11 @@ def drafter_loss(
         blocks_computed=torch.full((), float(num_blocks), dtype=dtype, device=logits.device),
         **stats,
     )
+
+
+def _hittable(label_valid: torch.Tensor, misses: torch.Tensor | None) -> torch.Tensor:
+    """The counted labels an argmax can hit: all of them, or those inside the draft vocabulary."""
+    return label_valid if misses is None else label_valid & ~misses
 
 
 def _block_statistics(correct: torch.Tensor, label_valid: torch.Tensor, keep: torch.Tensor,
@@ -238,7 +243,6 @@ def chunked_drafter_loss(
     label_valid: torch.Tensor,
     keep: torch.Tensor,
     chunk_blocks: int,
-    hittable: torch.Tensor | None = None,
     misses: torch.Tensor | None = None,
 ) -> DrafterLoss:
     """The sums of :func:`drafter_loss` from the block hidden states ``[NB, B-1, D]`` (after the final
@@ -246,8 +250,8 @@ def chunked_drafter_loss(
 
     ``loss_weights`` ``[NB, B-1]`` are the decayed weights (zero where a label does not count). The
     logits of all blocks never exist at once, in forward or backward (:class:`_ChunkedHeadCrossEntropy`).
-    With a draft vocabulary (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`), ``hittable`` marks
-    the labels an argmax can hit and ``misses`` the counted labels outside it.
+    With a draft vocabulary (:meth:`~harness.models.draft_vocab.DraftVocabulary.map_labels`), ``misses`` marks the
+    counted labels outside it: no argmax hits them.
     """
     if chunk_blocks < 1:
         raise ValueError(f"chunk_blocks must be at least 1, got {chunk_blocks}")
@@ -255,7 +259,7 @@ def chunked_drafter_loss(
     grad_on = torch.is_grad_enabled()
     need_grad = tuple(bool(grad_on and t is not None and t.requires_grad) for t in (hidden, weight, bias))
     weighted_ce, correct = _ChunkedHeadCrossEntropy.apply(
-        hidden, weight, bias, lm_head, labels, loss_weights, label_valid if hittable is None else hittable, keep,
+        hidden, weight, bias, lm_head, labels, loss_weights, _hittable(label_valid, misses), keep,
         int(chunk_blocks), need_grad
     )
     dtype = weighted_ce.dtype
@@ -289,7 +293,6 @@ def block_losses(
     label_valid: torch.Tensor,
     keep: torch.Tensor,
     chunk_blocks: int,
-    hittable: torch.Tensor | None = None,
     misses: torch.Tensor | None = None,
 ) -> BlockLosses:
     """:func:`chunked_drafter_loss`'s sums without a gradient, kept per block as well (the evaluation's
@@ -306,7 +309,7 @@ def block_losses(
                                               labels[start:stop].reshape(-1), dtype)
         correct[start:stop] = hits.view(stop - start, num_slots)
         weighted_ce[start:stop] = (ce * loss_weights[start:stop].reshape(-1).to(dtype)).view(stop - start, -1).sum(1)
-    correct &= label_valid if hittable is None else hittable
+    correct &= _hittable(label_valid, misses)
     weights = loss_weights.to(dtype)
     tau = (1 + torch.cumprod(correct.long(), dim=1).sum(dim=1)).to(dtype) * keep.to(dtype)
     sums = DrafterLoss(weighted_ce_sum=weighted_ce.sum(), weight_sum=weights.sum(),

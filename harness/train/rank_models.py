@@ -119,11 +119,11 @@ class DrafterModel:
         self.target = build_target(config, self.dtype, device)
         from harness.models.drafter import DFlashDrafter
 
-        self.draft_vocab = draft_vocabulary(config, self.target.lm_head.out_features, training_samples)
+        draft_vocab = draft_vocabulary(config, self.target.lm_head.out_features, training_samples)
         torch.manual_seed(config.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,
-                                     self.target.num_layers, self.draft_vocab).to(device=device, dtype=torch.float32)
+                                     self.target.num_layers, draft_vocab).to(device=device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         self.distributed = False

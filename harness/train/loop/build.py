@@ -50,8 +50,9 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     data = EpochData(config, comm, progress=env.is_main and trainer.progress)
     model = DrafterModel(config, device, data.samples.samples(data.train_rows)
                          if config.drafter.draft_vocab_size is not None else None)
-    if model.draft_vocab is not None and env.is_main:  # the mapping an inference engine needs beside the drafter
-        torch.save({"d2t": model.draft_vocab.d2t, "t2d": model.draft_vocab.t2d}, run_dir / DRAFT_VOCAB_FILE)
+    draft_vocab = model.drafter.draft_vocab
+    if draft_vocab is not None and env.is_main:  # the mapping an inference engine needs beside the drafter
+        torch.save({"d2t": draft_vocab.d2t, "t2d": draft_vocab.t2d}, run_dir / DRAFT_VOCAB_FILE)
     grads = GradientStatistics(model.parameters, comm, config.grad_stats.every, config.grad_stats.ema)
     model.distribute(comm, grads.bucket_norms, summing_comm_hook)
     optim = config.optim

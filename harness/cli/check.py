@@ -127,8 +127,10 @@ def _config_path(value: str) -> str:
 
 def _has_weights(path: str) -> bool:
     """True for a checkpoint: a directory with safetensors files beside its config.json, or a GGUF file."""
+    from harness.models.causal_lm_target import is_gguf
+
     checkpoint = Path(path)
-    return (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors"))) or checkpoint.suffix.lower() == ".gguf"
+    return (checkpoint.is_dir() and any(checkpoint.glob("*.safetensors"))) or is_gguf(checkpoint)
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -295,19 +297,13 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                           tap_layer_ids=drafter_config.target_layer_ids)
     if _has_weights(target_path) and not args.random_weights:
         # a Qwen3.5-style hybrid checkpoint, or any transformers causal LM (a directory or a GGUF file)
-        from harness.models.causal_lm_target import CausalLMTarget, check_causal_lm, is_hybrid_checkpoint
+        from harness.models.causal_lm_target import check_target_checkpoint, is_hybrid_checkpoint, load_target
 
-        if is_hybrid_checkpoint(target_path):
-            target = HybridTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
-        else:
-            try:
-                check_causal_lm(target_path)
-            except (ValueError, FileNotFoundError) as error:
-                raise BadInput(str(error)) from error
-            if args.negative_control:
-                raise BadInput(f"--negative-control makes a Gated DeltaNet's state leak across packed documents; "
-                               f"{target_path} is a causal LM without such layers: leave the flag out")
-            target = CausalLMTarget.from_pretrained(target_path, dtype=dtype, device=device, **target_options)
+        check_target_checkpoint(target_path)  # a checkpoint of another kind: one line (main), nothing loaded
+        if args.negative_control and not is_hybrid_checkpoint(target_path):
+            raise BadInput(f"--negative-control makes a Gated DeltaNet's state leak across packed documents; "
+                           f"{target_path} is a causal LM without such layers: leave the flag out")
+        target = load_target(target_path, dtype=dtype, device=device, **target_options)
         target_weights = f"checkpoint {target_path}"
     else:
         target = HybridTarget(target_path, dtype=dtype, **target_options).to(device)

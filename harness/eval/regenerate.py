@@ -239,8 +239,10 @@ def regenerate_samples(
 
 def target_identity(target_spec: str | Path) -> dict[str, Any]:
     """What the regenerated data depends on in the target: its checkpoint files, or its config file."""
+    from harness.models.causal_lm_target import is_gguf
+
     path = Path(target_spec).expanduser().resolve()
-    if path.is_dir() or path.suffix.lower() == ".gguf":
+    if path.is_dir() or is_gguf(path):
         return {"checkpoint": cache.path_signature(path)}
     return {"config": path.read_text(), "init_seed": TARGET_INIT_SEED}
 
@@ -250,10 +252,10 @@ def load_target(target_spec: str | Path, vocab_size: int | None = None) -> Any:
     config (random weights, seeded as the trainer seeds them; ``vocab_size`` overrides the config's)."""
     from harness.models.target import HybridTarget
 
-    path = Path(target_spec).expanduser()
-    if path.is_dir() or path.suffix.lower() == ".gguf":  # a checkpoint: the hybrid's, or any causal LM's
-        from harness.models.causal_lm_target import load_target as load_checkpoint
+    from harness.models.causal_lm_target import is_gguf, load_target as load_checkpoint
 
+    path = Path(target_spec).expanduser()
+    if path.is_dir() or is_gguf(path):  # a checkpoint: the hybrid's, or any causal LM's
         return load_checkpoint(path)
     from harness.models.config import load_target_config
 

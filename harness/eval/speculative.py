@@ -84,11 +84,6 @@ def _token_batch(documents: Sequence[Sequence[int]], device: torch.device) -> To
     return batch if device.type == "cpu" else batch.to(device)
 
 
-def _target_logits(target: Any, last_hidden: torch.Tensor) -> torch.Tensor:
-    """Next-token logits from the last decoder layer's output: final norm, then LM head."""
-    return target.next_token_logits(last_hidden)
-
-
 def _target_forward(
     target: Any,
     documents: Sequence[Sequence[int]],
@@ -108,7 +103,7 @@ def _target_forward(
     hidden_last = features.hidden_states[-1]
     rows = torch.arange(len(documents), device=hidden_last.device)[:, None]
     cols = torch.tensor([list(p) for p in positions], dtype=torch.long, device=hidden_last.device)
-    greedy = _target_logits(target, hidden_last[rows, cols]).argmax(dim=-1)
+    greedy = target.next_token_logits(hidden_last[rows, cols]).argmax(dim=-1)  # final norm, LM head
     return features.hidden_states[:-1], greedy
 
 

@@ -31,7 +31,7 @@ from harness.models.config import SUPPORTED_MODEL_TYPES, build_target_layer_ids,
 from harness.models.layout import TokenBatch
 from harness.models.target import TargetFeatures, checked_input_ids
 
-__all__ = ["CausalLMTarget", "check_causal_lm", "is_hybrid_checkpoint", "load_target"]
+__all__ = ["CausalLMTarget", "check_causal_lm", "check_target_checkpoint", "is_hybrid_checkpoint", "load_target"]
 
 
 class _DeepestTapReached(Exception):
@@ -78,6 +78,17 @@ def check_causal_lm(path: str | Path) -> None:
         raise ValueError(f"{path} is a {config.model_type!r} checkpoint ({named}), not a decoder-only causal LM; "
                          "the target is one (a *ForCausalLM checkpoint: Llama, Qwen2/3, Mistral, Gemma, …) or a "
                          "Qwen3.5-style hybrid")
+
+
+def check_target_checkpoint(path: str | Path) -> None:
+    """Refuse a path that is no target checkpoint (its config only): a hybrid's config must build the hybrid, any
+    other must be a decoder-only causal LM (:func:`check_causal_lm`)."""
+    if is_hybrid_checkpoint(path):
+        from harness.models.config import load_target_config
+
+        load_target_config(path)
+    else:
+        check_causal_lm(path)
 
 
 def checkpoint_vocab_size(path: str | Path) -> int:

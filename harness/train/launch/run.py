@@ -337,13 +337,9 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
                              f"that train; topology={config.topology.name} runs the target on ranks of its own: "
                              "use topology=colocated, or trainer.target_features=online")
         if config.target.pretrained not in (None, EMBEDDED_TARGET):
-            from harness.models.causal_lm_target import check_causal_lm, is_hybrid_checkpoint
-            from harness.models.config import load_target_config
+            from harness.models.causal_lm_target import check_target_checkpoint
 
-            if is_hybrid_checkpoint(config.target.pretrained):  # its config.json only: a checkpoint the target can be
-                load_target_config(config.target.pretrained)
-            else:  # any other transformers causal LM, or a GGUF file
-                check_causal_lm(config.target.pretrained)
+            check_target_checkpoint(config.target.pretrained)  # its config only: a checkpoint the target can be
         return with_tokenizer_vocabulary(config, with_target_tokenizer(config, config_dict))
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error

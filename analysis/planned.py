@@ -35,7 +35,8 @@ import pandas as pd
 KINDS = ("superiority", "equivalence")
 TARGET_POWER = 0.8
 MAX_SEEDS = 1000  # where the search for "needs n" stops (an effect that small is no difference to plan for)
-KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "confirmatory_seeds", "contrasts", "margin_rationale"}
+KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "confirmatory_seeds", "contrasts", "margin_rationale",
+        "artefact", "seed_budget"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Preregistration:
     pilot_seeds: tuple[int, ...] = ()
     confirmatory_seeds: tuple[int, ...] = ()
     margin_rationale: str = ""
+    artefact: str = ""  # the data fingerprint the design was declared on (the shipped embedded default's)
+    seed_budget: int | None = None  # the most confirmatory seeds the run budget holds (the count is capped there)
 
 
 def load_preregistration(path: str | Path) -> Preregistration:
@@ -108,8 +111,17 @@ def load_preregistration(path: str | Path) -> Preregistration:
     if set(pilot) & set(confirmatory):
         raise ValueError(f"{path}: seeds {sorted(set(pilot) & set(confirmatory))} are both pilot and confirmatory; "
                          "a pilot's seeds are never reused")
+    artefact = raw.get("artefact") or ""
+    if not isinstance(artefact, str):
+        raise ValueError(f"{path}: artefact={artefact!r}: give the data fingerprint the design was declared on "
+                         "(harness/data/bundled/manifest.json's fingerprint), or leave it out")
+    budget = raw.get("seed_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 2):
+        raise ValueError(f"{path}: seed_budget={budget!r}: give the most confirmatory seeds the budget holds (>= 2)")
+    if budget is not None and len(confirmatory) > budget:
+        raise ValueError(f"{path}: {len(confirmatory)} confirmatory seeds over the seed_budget of {budget}")
     return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
-                           str(raw.get("margin_rationale") or ""))
+                           str(raw.get("margin_rationale") or ""), artefact, budget)
 
 
 @dataclass(frozen=True)
@@ -194,6 +206,12 @@ def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[Planne
     if plan.endpoint not in per_run.columns:
         raise ValueError(f"the preregistered endpoint {plan.endpoint!r} is not a column of the runs "
                          f"({sorted(per_run.columns)[:12]} ...)")
+    if plan.artefact and "data_fingerprint" in per_run.columns:
+        other = sorted({str(f)[:12] for f in per_run["data_fingerprint"].dropna() if str(f) != plan.artefact})
+        if other:
+            raise ValueError(f"the preregistration was declared on the data {plan.artefact[:12]} (artefact), but runs "
+                             f"of this sweep trained on {', '.join(other)}: they are another experiment; test them "
+                             "without this preregistration, or rerun them on the declared data")
     confirmatory = per_run["seed"].isin(plan.confirmatory_seeds)
     if confirmatory.any():  # a sweep holding confirmatory runs is tested on them alone (never on the pilot's too)
         per_run = per_run[confirmatory]

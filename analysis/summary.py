@@ -72,6 +72,9 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
     columns["relative_throughput"] = (f"× {reference}", SUMMARY_COLUMNS["relative_throughput"][1])
     if "recurrence_kind" in per_run.columns and (per_run["recurrence_kind"] != "step").any():
         columns["recurrence"] = ("recurrence (micro-batch)", SUMMARY_COLUMNS["recurrence"][1])
+    cached = "target_features" in per_run.columns and (per_run["target_features"] == "cached").any()
+    if cached:  # the target did not run in training: the speed is the drafter's step's, not a strategy's throughput
+        columns["tokens_per_second"] = ("drafter tokens/s (target cached)", SUMMARY_COLUMNS["tokens_per_second"][1])
     formatted = format_table(table, timing, columns).drop(columns="seeds")
     seeds = sorted(int(s) for s in per_run["seed"].unique())
     counts = sorted(set(table["seeds"]))
@@ -80,6 +83,11 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
              f"(mean ± s.d. over {over}, seeds {', '.join(map(str, seeds))}; × {reference} = ratio to the same "
              f"seed's {reference} run; τ real = tokens per target forward in greedy speculative decoding of held-out "
              "prompts.)", ""]
+    if cached:
+        lines[-1:-1] = ["", "The target's features were read from the cache (`trainer.target_features=cached`, computed "
+                        "once for the sweep): the runs' tokens/s time the drafter's step alone, not a strategy's "
+                        "throughput, which the interleaved benchmark measures with the target online "
+                        "(`benchmarks/train_throughput.py`, benchmarks/RESULTS.md)."]
     tested = [t for t in tests if t.tested]
     survivors = [t for t in tested if t.survives]
     if survivors:

@@ -339,6 +339,12 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
                              {"a": strategies[0], "b": strategies[-1], "kind": "equivalence", "margin": 0.5}]
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
+    # declared on the shipped artefact: this sweep trained on other data, so it is another experiment
+    assert main([str(sweep_dir), "--out", str(tmp_path / "other"), "--preregistration", str(plan)]) == 2
+    assert f"declared on the data {declared['artefact'][:12]} (artefact)" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    declared.pop("artefact")
+    plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
     out = tmp_path / "report"
     assert main([str(sweep_dir), "--out", str(out), "--preregistration", str(plan)]) == 0
     printed = capsys.readouterr().out

@@ -92,13 +92,37 @@ def test_an_unknown_placement_is_refused_where_the_run_is_prepared_naming_the_ne
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("experiment", ["strategies", "strategies_smoke"])
-def test_the_strategy_sweeps_cover_every_registered_strategy_in_report_order(experiment):
-    params = sweep_params([f"experiment={experiment}"])
+def test_the_smoke_sweep_covers_every_registered_strategy_in_report_order():
+    params = sweep_params(["experiment=strategies_smoke"])
     assert params == {"strategy": ",".join(report_order()), "seed": "0,1,2"}
     # seeds outermost: Hydra's basic sweeper runs the product with the last key fastest, so each seed runs every
     # strategy in turn (a slow spell of the machine falls on all strategies alike)
     assert list(params) == ["seed", "strategy"]
+
+
+def test_the_main_job_sweeps_the_contrasted_strategies_over_the_declared_seeds():
+    """make demo: the strategies of the planned contrasts x the confirmatory seeds, then length_grouped x 3 of them;
+    make pilot: the same on the pilot's seeds. The seeds come from the pre-registration itself."""
+    import yaml
+
+    from harness.train.config import CONF_DIR, PREREGISTRATION
+
+    plan = yaml.safe_load((CONF_DIR / PREREGISTRATION).read_text())
+    contrasted = {s for c in plan["contrasts"] for s in (c["a"], c["b"])}
+    confirmatory = ",".join(map(str, plan["confirmatory_seeds"]))
+    params = sweep_params(["experiment=strategies"])
+    assert params == {"seed": confirmatory, "strategy": ",".join(s for s in report_order() if s in contrasted)}
+    assert list(params) == ["seed", "strategy"]  # seeds outermost
+    makefile = (CONF_DIR.parent / "Makefile").read_text()
+    demo = makefile[makefile.index("\ndemo:"):makefile.index("\npilot:")]
+    pilot = makefile[makefile.index("\npilot:"):]
+    extra = ["hydra.sweeper.params.strategy=length_grouped", "hydra.sweeper.params.seed=${batchlab_seeds:confirmatory,3}"]
+    assert all(o.replace("${", "$${") in demo for o in extra)
+    assert sweep_params(["experiment=strategies", *extra]) == {
+        "seed": ",".join(map(str, plan["confirmatory_seeds"][:3])), "strategy": "length_grouped"}
+    assert "hydra.sweeper.params.seed=$${batchlab_seeds:pilot}" in pilot
+    assert sweep_params(["experiment=strategies", "hydra.sweeper.params.seed=${batchlab_seeds:pilot}"])["seed"] == (
+        ",".join(map(str, plan["pilot_seeds"])))
 
 
 def test_smoke_experiment_is_two_ranks_with_eval_and_checkpoints():
@@ -213,8 +237,9 @@ def test_every_override_the_docs_use_passes_the_check():
     from harness.cli.overrides import check_overrides
 
     text = "\n".join((REPO / name).read_text() for name in ("README.md", "Makefile"))
-    arguments = [a.strip("`,;") for line in re.findall(r"batchlab-train (.*)", text) for a in line.split("#")[0].split()
-                 if "=" in a and not a.startswith("$")]
+    # (a Makefile's quoted argument and its $$ escape as the shell passes them)
+    arguments = [a.strip("`,;'").replace("$$", "$") for line in re.findall(r"batchlab-train (.*)", text)
+                 for a in line.split("#")[0].split() if "=" in a and not a.startswith("$")]
     arguments += ["hydra/launcher=submitit_local", "+extra=1", "strategy=${batchlab_strategies:}",
                   "target=tiny-pretrained", "step_mode=fixed_accumulation", "topology.target_ranks=2", "logger.mode=offline"]
     assert len(arguments) > 20

@@ -474,6 +474,27 @@ def register_schemas() -> None:
     # in this process, after the strategies are registered. (A `glob(*,exclude=*_schema)` sweep over the
     # strategy group would list the files of conf/strategy/ instead, alphabetically, whatever the registry holds.)
     OmegaConf.register_new_resolver("batchlab_strategies", lambda: ",".join(report_order()), replace=True)
+    # `${batchlab_seeds:confirmatory}` / `${batchlab_seeds:pilot}` / `${batchlab_seeds:confirmatory,3}`: the seeds the
+    # main job's pre-registration declares (all, or the first k), comma-separated, for `hydra.sweeper.params.seed`:
+    # the sweep runs the declared seeds, never a copy of them that could drift.
+    OmegaConf.register_new_resolver("batchlab_seeds", declared_seeds, replace=True)
+
+
+#: the main job's pre-registration (analysis/planned.py reads the rest of it)
+PREREGISTRATION = "preregistration/strategies.yaml"
+
+
+def declared_seeds(kind: str, first: int | None = None) -> str:
+    """The ``kind`` (``pilot`` or ``confirmatory``) seeds of ``conf/preregistration/strategies.yaml``, comma-separated
+    (the first ``first`` of them when given)."""
+    import yaml
+
+    if kind not in ("pilot", "confirmatory"):
+        raise ValueError(f"${{batchlab_seeds:{kind}}}: give pilot or confirmatory")
+    seeds = [int(s) for s in yaml.safe_load((CONF_DIR / PREREGISTRATION).read_text()).get(f"{kind}_seeds") or []]
+    if not seeds:
+        raise ValueError(f"conf/{PREREGISTRATION} declares no {kind}_seeds")
+    return ",".join(str(s) for s in (seeds if first is None else seeds[:first]))
 
 
 #: the Hydra config tree (the repository's conf/, next to the installed-in-place packages)

@@ -27,11 +27,17 @@ EMBEDDED_TARGET = "embedded"
 
 
 def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
-    """The checkpoint directory ``target.pretrained`` names; ``embedded`` builds or finds the cached one."""
+    """The checkpoint directory ``target.pretrained`` names; ``embedded`` builds or finds the cached one; ``bundled`` is
+    the one shipped with the package."""
     if config.target.pretrained == EMBEDDED_TARGET:
         from harness.pretrain.target import ensure_pretrained_target
 
         return str(ensure_pretrained_target(config.data, config.target_kwargs, progress=progress))
+    from harness.data import bundled
+
+    if config.target.pretrained == bundled.BUNDLED:  # the shipped one (prepared configs already name its directory)
+        bundled.verify()
+        return str(bundled.target_dir())
     return str(config.target.pretrained)
 
 

@@ -17,6 +17,17 @@ from harness.train.config import run_config_from_dict
 from harness.train.rank_models import pretrained_target_path
 
 
+def with_bundled_target(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """``target.pretrained=bundled``: the shipped target's checkpoint directory (checked against its manifest first,
+    :mod:`harness.data.bundled`), so that every later step reads it as any checkpoint. Any other config as it is."""
+    from harness.data import bundled
+
+    if config_dict.get("target", {}).get("pretrained") != bundled.BUNDLED:
+        return config_dict
+    bundled.verify()
+    return {**config_dict, "target": {**config_dict["target"], "pretrained": str(bundled.target_dir())}}
+
+
 def with_regenerated_completions(config_dict: dict[str, Any]) -> dict[str, Any]:
     """``data.completions=regenerated``: the pretrained target and its regenerated completions of the same prompts
     built (once, cached), and the config naming them: ``data.source`` the completions, ``target.pretrained`` the

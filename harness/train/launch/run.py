@@ -35,7 +35,7 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
-from harness.train.launch.inputs import preparing, with_regenerated_completions
+from harness.train.launch.inputs import preparing, with_bundled_target, with_regenerated_completions
 from harness.train.launch.run_log import RUN_LOG, copied_to
 from harness.train.loop.epoch_data import select_rows
 from harness.train.loop.metrics import write_json_atomic
@@ -330,6 +330,7 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     checkpoint's tokenizer for conversations, the vocabulary of the data's tokenizer); builds nothing. Idempotent;
     bad input raises :class:`BadInput`."""
     try:
+        config_dict = with_bundled_target(config_dict)
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement
         if config.trainer.target_features == "cached" and config.topology.name != "colocated":

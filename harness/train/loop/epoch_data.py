@@ -76,7 +76,11 @@ def target_vocab_size(config: RunConfig) -> int:
     random-weight or embedded target's ``target.vocab_size`` (0: unknown, not checked)."""
     from harness.train.rank_models import EMBEDDED_TARGET
 
+    from harness.data import bundled
+
     pretrained = config.target.pretrained
+    if pretrained == bundled.BUNDLED:  # (a prepared config names its directory already)
+        pretrained = str(bundled.target_dir())
     if pretrained and pretrained != EMBEDDED_TARGET:  # the embedded target follows the data, as a random one does
         from harness.models.causal_lm_target import checkpoint_vocab_size
 

@@ -167,11 +167,17 @@ def paired_values(per_run: pd.DataFrame, endpoint: str, a: str, b: str) -> tuple
 
 def superiority_power(effect: float, sd: float, n: int, alpha: float) -> float:
     """The two-sided paired t-test's power at mean difference ``effect`` and spread ``sd`` over ``n`` pairs."""
-    from statsmodels.stats.power import TTestPower
+    from scipy import stats
 
     if n < 2 or not sd > 0:
         return math.nan
-    return float(TTestPower().power(effect_size=abs(effect) / sd, nobs=n, alpha=alpha, alternative="two-sided"))
+    # the noncentral t's two tails, as statsmodels' TTestPower sums them. Called on scipy directly: for a large
+    # noncentrality (an effect of 5 s.d. at 5 pairs) scipy's far tail, P(T < -critical), underflows to nan, and so
+    # does TTestPower, where the power is ~1. That tail is then below 1e-15 (its finite neighbours), so it counts 0.
+    df, noncentrality = n - 1, abs(effect) / sd * math.sqrt(n)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    far = float(stats.nct.cdf(-critical, df, noncentrality))
+    return float(stats.nct.sf(critical, df, noncentrality)) + (far if math.isfinite(far) else 0.0)
 
 
 def equivalence_power(effect: float, sd: float, n: int, alpha: float, margin: float) -> float:

@@ -37,6 +37,7 @@ from analysis.stats import (
     compare_pairs,
     comparisons_frame,
     format_p,
+    tested_metrics,
     timing_check,
 )
 from analysis.summary import md_table, read_runs_csv, write_summary
@@ -124,7 +125,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     table["step_slot_rate_spread_max"] = table["strategy"].map(timing.spread)
     table["step_stall_factor_max"] = table["strategy"].map(timing.stall)
     table["timing_disturbed"] = table["strategy"].isin(timing.disturbed)
-    comparisons = compare_pairs(per_run, timing=timing)
+    comparisons = compare_pairs(per_run, tested_metrics(per_run), timing=timing)
     sentences = summary_sentences(table, comparisons, timing)
     stats_sentences = comparison_sentences(comparisons, timing)
     style = figs.StrategyStyle(sweep.strategies)

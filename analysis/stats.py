@@ -258,6 +258,17 @@ def _pair(per_run: pd.DataFrame, metric: str, a: str, b: str, skip: str) -> Pair
     return PairTest(metric, a, b, seeds, mean, sd, ci, p, True)
 
 
+def target_features_cached(per_run: pd.DataFrame) -> bool:
+    """Whether some run read the target's features from the cache (its tokens/s then time the drafter alone)."""
+    return "target_features" in per_run.columns and bool((per_run["target_features"] == "cached").any())
+
+
+def tested_metrics(per_run: pd.DataFrame) -> tuple[str, ...]:
+    """The headline metrics a sweep's pairs are tested on: all of them, but throughput when the target's features
+    came from the cache (the drafter's speed alone is not a strategy's throughput)."""
+    return tuple(m for m in HEADLINE_METRICS if not (m == THROUGHPUT and target_features_cached(per_run)))
+
+
 def compare_pairs(per_run: pd.DataFrame, metrics: Sequence[str] = tuple(HEADLINE_METRICS),
                   timing: TimingCheck | None = None, alpha: float = ALPHA) -> list[PairTest]:
     """Every pair of strategies (report order, A before B) on every metric the frame has, paired by seed;

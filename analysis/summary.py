@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.compare import format_table, relative_throughput, strategy_table
-from analysis.stats import ALPHA, MIN_SEEDS, compare_pairs, surviving_sentence, timing_check, untested_sentences
+from analysis.stats import (ALPHA, MIN_SEEDS, compare_pairs, surviving_sentence, target_features_cached,
+                            tested_metrics, timing_check, untested_sentences)
 
 #: column → (heading, format): the README's result table
 SUMMARY_COLUMNS = {
@@ -67,12 +68,12 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
     per_run.attrs["reference"] = reference
     table = strategy_table(per_run)
     timing = timing_check(per_run)
-    tests = compare_pairs(per_run, timing=timing)
+    tests = compare_pairs(per_run, tested_metrics(per_run), timing=timing)
     columns = dict(SUMMARY_COLUMNS)
     columns["relative_throughput"] = (f"× {reference}", SUMMARY_COLUMNS["relative_throughput"][1])
     if "recurrence_kind" in per_run.columns and (per_run["recurrence_kind"] != "step").any():
         columns["recurrence"] = ("recurrence (micro-batch)", SUMMARY_COLUMNS["recurrence"][1])
-    cached = "target_features" in per_run.columns and (per_run["target_features"] == "cached").any()
+    cached = target_features_cached(per_run)
     if cached:  # the target did not run in training: the speed is the drafter's step's, not a strategy's throughput
         columns["tokens_per_second"] = ("drafter tokens/s (target cached)", SUMMARY_COLUMNS["tokens_per_second"][1])
     formatted = format_table(table, timing, columns).drop(columns="seeds")
@@ -89,14 +90,15 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
                         "throughput, which the interleaved benchmark measures with the target online "
                         "(`benchmarks/train_throughput.py`, benchmarks/RESULTS.md)."]
     tested = [t for t in tests if t.tested]
+    metric_words = "every headline metric" + (" but tokens/s (the drafter's alone here)" if cached else "")
     survivors = [t for t in tested if t.survives]
     if survivors:
         lines.append(f"Differences that survive Holm–Bonferroni ({len(tested)} paired t-tests: every pair of "
-                     f"strategies on every headline metric, paired by seed, α = {ALPHA}):")
+                     f"strategies on {metric_words}, paired by seed, α = {ALPHA}):")
         lines += [""] + [f"- {surviving_sentence(t)}" for t in survivors]
     elif tested:
         lines.append(f"No difference survives Holm–Bonferroni ({len(tested)} paired t-tests: every pair of "
-                     f"strategies on every headline metric, paired by seed, α = {ALPHA}): no ranking is significant.")
+                     f"strategies on {metric_words}, paired by seed, α = {ALPHA}): no ranking is significant.")
     else:
         lines.append(f"Nothing is tested (fewer than {MIN_SEEDS} paired seeds): no ranking is significant.")
     untested = untested_sentences(tests)

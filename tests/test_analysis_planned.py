@@ -157,3 +157,16 @@ def test_a_sweep_with_confirmatory_runs_is_tested_on_them_alone_and_says_how_man
     pilot_only = frame[frame["seed"] < 100]
     (pilot,) = planned_results(pilot_only, plan)
     assert pilot.seeds == (0, 1, 2) and seeds_words([pilot], plan).startswith("the pilot's seeds (0, 1, 2), not a")
+
+
+def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_it_is_not():
+    """The paired t-test's power: TTestPower's value wherever statsmodels computes one, and ~1 (not nan) for an
+    effect of 5 s.d. at 5 pairs, where statsmodels returns nan."""
+    from statsmodels.stats.power import TTestPower
+
+    from analysis.planned import superiority_power
+
+    for effect, sd, n in ((0.0385, 0.0354, 12), (0.1, 0.2, 8), (0.5, 0.3, 3), (-0.178, 0.0358, 3)):
+        expected = TTestPower().power(effect_size=abs(effect) / sd, nobs=n, alpha=0.0125, alternative="two-sided")
+        assert superiority_power(effect, sd, n, 0.0125) == pytest.approx(expected, rel=1e-9), (effect, sd, n)
+    assert superiority_power(-0.178, 0.0358, 5, 0.0125) == pytest.approx(1.0, abs=1e-3)

@@ -19,7 +19,7 @@ from typing import Any
 
 #: the value of ``data.source`` and ``target.pretrained`` that names the shipped artefact
 BUNDLED = "bundled"
-ROOT = Path(__file__).with_name("bundled")
+ROOT = Path(__file__).parent  # this package: the artefact lies beside its code
 MANIFEST_FILE = "manifest.json"
 SAMPLES_DIR = "samples"
 TARGET_DIR = "target"

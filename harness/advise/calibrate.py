@@ -23,7 +23,6 @@ import dataclasses
 import itertools
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -175,15 +174,9 @@ def machine_identity(device: str) -> dict:
     """What a calibration's timings depend on besides the configs."""
     import torch
 
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    identity = {"cpu": model, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    from harness.machine import cpu_model
+
+    identity = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "device": device}
     if device == "cuda" and torch.cuda.is_available():
         identity["gpu"] = torch.cuda.get_device_name(0)

@@ -112,15 +112,9 @@ def build_bundle(out: Path, overrides: Sequence[str] = (), progress: bool = True
 
 
 def _machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()}"
+    from harness.machine import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, {platform.system()}"
 
 
 def build_parser() -> argparse.ArgumentParser:

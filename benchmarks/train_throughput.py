@@ -57,25 +57,29 @@ def main() -> None:
     strategies = args.strategies.split(",") if args.strategies else report_order()
     results: dict[str, list[dict]] = {s: [] for s in strategies}
     started = time.time()
+    experiment = ([f"experiment={args.experiment}", "trainer.target_features=online", "trainer.stop_epochs=null",
+                   "eval.real_prompts=0"] if args.experiment else [])
+
+    def overrides(strategy: str, tokens: int) -> list[str]:
+        return [*experiment, f"strategy={strategy}", f"trainer.nproc={args.nproc}", "logger=none",
+                "trainer.progress=false", f"trainer.stop_tokens={tokens}", f"eval.every_tokens={args.tokens}",
+                f"loader.num_workers={args.num_workers}"]
+
     with tempfile.TemporaryDirectory() as scratch:
         if args.experiment:  # one untimed run first: the process's first run pays its one-time costs (imports, caches)
-            run(compose([f"experiment={args.experiment}", "trainer.target_features=online", "trainer.stop_epochs=null",
-                         "eval.real_prompts=0", f"strategy={strategies[0]}", f"trainer.nproc={args.nproc}",
-                         "logger=none", "trainer.progress=false", f"trainer.stop_tokens={args.tokens // 4}",
-                         f"eval.every_tokens={args.tokens}"]), Path(scratch) / "warm-up")
+            run(compose(overrides(strategies[0], args.tokens // 4)), Path(scratch) / "warm-up")
         for round_index in range(args.rounds):
             order = strategies if round_index % 2 == 0 else strategies[::-1]
             for strategy in order:
-                experiment = ([f"experiment={args.experiment}", "trainer.target_features=online",
-                               "trainer.stop_epochs=null", "eval.real_prompts=0"] if args.experiment else [])
-                overrides = [*experiment, f"strategy={strategy}", f"trainer.nproc={args.nproc}", "logger=none",
-                             "trainer.progress=false", f"trainer.stop_tokens={args.tokens}",
-                             f"eval.every_tokens={args.tokens}", f"loader.num_workers={args.num_workers}"]
-                summary = run(compose(overrides), Path(scratch) / f"{strategy}-{round_index}")
+                summary = run(compose(overrides(strategy, args.tokens)), Path(scratch) / f"{strategy}-{round_index}")
                 results[strategy].append(summary)
                 print(f"round {round_index} {strategy}: {summary['tokens_per_second']:.0f} tok/s", flush=True)
         config = compose([f"experiment={args.experiment}"] if args.experiment else [])
     elapsed = time.time() - started
+
+    if args.experiment:
+        write_main_job_section(args, config, strategies, results, elapsed)
+        return
 
     def median(strategy: str, key: str) -> float:
         return statistics.median(s[key] for s in results[strategy])
@@ -93,9 +97,6 @@ def main() -> None:
             f"{median(strategy, 'peak_memory_mb'):.0f} | {median(strategy, 'eval_loss'):.4f} | "
             f"{median(strategy, 'eval_tau'):.3f} |"
         )
-    if args.experiment:
-        write_main_job_section(args, config, strategies, results, elapsed)
-        return
     goals = []
     for strategy, goal in GOALS.items():
         if strategy in results:

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from harness.data.bundled import BUNDLED
+from harness.data import bundled
 from harness.data.config import NO_ANCHOR_CHOICES, DataConfig
 from harness.data.errors import DataValidationError
 
@@ -148,7 +148,7 @@ def load_samples(
     """
     import datasets
 
-    if cfg.source == BUNDLED:
+    if cfg.source == bundled.BUNDLED:
         return _bundled_samples(cfg, corpus_root, corpus_files)
     if cfg.is_stdlib:
         from harness.data.corpus_cache import stdlib_samples
@@ -199,8 +199,6 @@ def _bundled_samples(cfg: DataConfig, corpus_root: str | None, corpus_files: Seq
     """``data.source=bundled``: the embedded default as shipped (:mod:`harness.data.bundled`), checked against its
     manifest before it is read."""
     import datasets
-
-    from harness.data import bundled
 
     if corpus_root is not None or corpus_files is not None:
         raise ValueError("corpus_root / corpus_files apply only to data.source='stdlib'")

@@ -19,13 +19,14 @@ from harness.train.rank_models import pretrained_target_path
 
 def with_bundled_target(config_dict: dict[str, Any]) -> dict[str, Any]:
     """``target.pretrained=bundled``: the shipped target's checkpoint directory (checked against its manifest first,
-    :mod:`harness.data.bundled`), so that every later step reads it as any checkpoint. Any other config as it is."""
-    from harness.data import bundled
+    :func:`~harness.train.rank_models.pretrained_target_path`), so that every later step reads it as any checkpoint.
+    Any other config as it is."""
+    from harness.data.bundled import BUNDLED
 
-    if config_dict.get("target", {}).get("pretrained") != bundled.BUNDLED:
+    if config_dict.get("target", {}).get("pretrained") != BUNDLED:
         return config_dict
-    bundled.verify()
-    return {**config_dict, "target": {**config_dict["target"], "pretrained": str(bundled.target_dir())}}
+    directory = pretrained_target_path(run_config_from_dict(config_dict))
+    return {**config_dict, "target": {**config_dict["target"], "pretrained": directory}}
 
 
 def with_regenerated_completions(config_dict: dict[str, Any]) -> dict[str, Any]:

@@ -74,17 +74,13 @@ class Selection:
 def target_vocab_size(config: RunConfig) -> int:
     """The vocabulary every token id must lie in: a pretrained checkpoint's own (from its config), else the
     random-weight or embedded target's ``target.vocab_size`` (0: unknown, not checked)."""
-    from harness.train.rank_models import EMBEDDED_TARGET
-
-    from harness.data import bundled
+    from harness.train.rank_models import EMBEDDED_TARGET, pretrained_target_path
 
     pretrained = config.target.pretrained
-    if pretrained == bundled.BUNDLED:  # (a prepared config names its directory already)
-        pretrained = str(bundled.target_dir())
     if pretrained and pretrained != EMBEDDED_TARGET:  # the embedded target follows the data, as a random one does
         from harness.models.causal_lm_target import checkpoint_vocab_size
 
-        return checkpoint_vocab_size(pretrained)
+        return checkpoint_vocab_size(pretrained_target_path(config))  # (``bundled``: the shipped checkpoint)
     return int(config.target_kwargs.get("vocab_size") or 0)
 
 

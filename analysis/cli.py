@@ -15,6 +15,10 @@ there (:mod:`analysis.planned`): a verdict per contrast, Holm over them only, th
 to ``planned.md`` and ``planned.csv``, opening ``report.md``, and printed (with ``--from-runs-csv``: printed
 after the summary).
 
+``--throughput-rounds CSV`` and ``--mechanism-runs CSV`` (make demo passes ``docs/demo/throughput_rounds.csv`` and
+``docs/demo/ablation_normaliser_runs.csv``) finish the summary's answer after the verdicts (:mod:`analysis.answer`):
+what each strategy's throughput buys, and each planned contrast's gap split into the per-step reweighting and the rest.
+
 Exit status 2 with one line naming the directory or run and the fix for: no runs, incompatible sweeps
 mixed, missing metrics, an unreadable runs.csv, a W&B workspace that cannot be built or saved.
 """
@@ -53,8 +57,38 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preregistration", metavar="YAML",
                    help="the planned contrasts declared before the runs (e.g. conf/preregistration/strategies.yaml):"
                         " a verdict for each, Holm over them only")
+    p.add_argument("--throughput-rounds", metavar="CSV",
+                   help="the interleaved throughput benchmark's rounds (docs/demo/throughput_rounds.csv, written by "
+                        "benchmarks/train_throughput.py --experiment strategies --write): the summary says, after the "
+                        "verdicts, what each strategy's throughput buys, with its interval over rounds")
+    p.add_argument("--mechanism-runs", metavar="CSV",
+                   help="the normaliser ablation's runs.csv (docs/demo/ablation_normaliser_runs.csv, make "
+                        "ablation-normaliser): the summary splits each planned contrast's gap into the per-step "
+                        "reweighting and the rest (needs --preregistration)")
     add_verbose(p)
     return p
+
+
+def read_answer(args, plan) -> list[str]:
+    """The summary's lines after the verdicts (:mod:`analysis.answer`) from ``--throughput-rounds`` and
+    ``--mechanism-runs``; a ValueError names the file and the fix."""
+    from analysis.answer import answer_lines, read_throughput_rounds
+    from analysis.load import order_strategies
+    from analysis.summary import read_runs_csv
+
+    if args.mechanism_runs and plan is None:
+        raise ValueError("--mechanism-runs splits the planned contrasts' gaps: give --preregistration too")
+    throughput = mechanism = None
+    try:
+        if args.throughput_rounds:
+            throughput = (read_throughput_rounds(args.throughput_rounds), args.throughput_rounds)
+        if args.mechanism_runs:
+            mechanism = (read_runs_csv(args.mechanism_runs), args.mechanism_runs)
+    except OSError as error:
+        raise ValueError(f"cannot read {error.filename} ({error.strerror})") from error
+    strategies = order_strategies(list(throughput[0]["strategy"].unique())) if throughput is not None else []
+    return answer_lines(list(plan.contrasts) if plan is not None else [], plan.endpoint if plan is not None else "",
+                        strategies, throughput, mechanism)
 
 
 def fail(message: str) -> int:
@@ -62,12 +96,13 @@ def fail(message: str) -> int:
     return 2
 
 
-def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source: str = "") -> int:
+def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source: str = "",
+                         answer: list[str] | None = None) -> int:
     from analysis.summary import read_runs_csv, summary_markdown
 
     try:
         runs = read_runs_csv(runs_csv)
-        text = summary_markdown(runs)
+        text = summary_markdown(runs, answer=answer or ())
     except (OSError, ValueError, KeyError) as error:
         return fail(f"cannot render a summary from {runs_csv} ({type(error).__name__}: {error}); give the runs.csv "
                     "that batchlab-report wrote")
@@ -75,7 +110,7 @@ def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source
         from analysis.planned import planned_markdown, planned_results
 
         try:  # the summary opens with the verdicts; the declared plan follows it
-            text = summary_markdown(runs, plan, plan_source) + "\n" + planned_markdown(
+            text = summary_markdown(runs, plan, plan_source, answer or ()) + "\n" + planned_markdown(
                 planned_results(runs, plan), plan, plan_source)
         except ValueError as error:
             return fail(f"{plan_source}: {error}")
@@ -98,10 +133,15 @@ def main(argv: list[str] | None = None) -> int:
             plan = load_preregistration(args.preregistration)
         except (OSError, ValueError) as error:
             return fail(f"--preregistration: {error}")
+    try:
+        answer = read_answer(args, plan)
+    except (ValueError, KeyError) as error:
+        return fail(str(error))
     if args.from_runs_csv:
         if args.sweep_dirs:
             return fail("give either SWEEP_DIR(s) or --from-runs-csv, not both")
-        return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary, plan, args.preregistration or "")
+        return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary, plan, args.preregistration or "",
+                                     answer)
     if not args.sweep_dirs:
         return fail("no SWEEP_DIR given (or --from-runs-csv RUNS_CSV to re-render a summary)")
     workspace_path = None
@@ -124,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
     try:
         report = build_report(sweep, out, target_loss=args.target_loss, title=args.title, plan=plan,
-                              plan_source=args.preregistration or "")
+                              plan_source=args.preregistration or "", answer=answer)
     except ValueError as error:
         if plan is None:
             raise

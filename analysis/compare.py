@@ -16,6 +16,10 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the average
 - ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length (``plan_lag1_acf``).
 - ``recurrence`` = mean over epochs of ``plan_step_recurrence`` (step level) where logged, else of
   ``plan_recurrence`` (micro-batch level); ``recurrence_kind`` says which.
+- ``length_mix_excess`` = mean over epochs of ``plan_length_mix_excess``: how much less a step mixes lengths than
+  random steps of the same sizes (0: as mixed as random; the table's and the frontier's diversity figure, exact from
+  the plan; ``grad_sample_diversity`` is kept beside it but cannot rank strategies whose micro-batches are
+  length-homogeneous, ``docs/design.md`` §6).
 - ``final_eval_loss`` / ``final_eval_tau`` = the last held-out evaluation.
 - ``tokens_to_loss`` = tokens seen at the first evaluation whose held-out loss is ≤ the target loss
   (by default the worst final held-out loss of all runs, so that every run reaches it).
@@ -61,7 +65,7 @@ TABLE_COLUMNS = {
     "padding_pct": ("padding %", "{:.1f}"),
     "steps": ("optimizer steps", "{:.0f}"),
     "clipped_pct": ("clipped %", "{:.1f}"),
-    "grad_sample_diversity": ("sample diversity 1+B", "{:.3g}"),
+    "length_mix_excess": ("length-mix excess", "{:.2f}"),
     "lag1_acf": ("lag-1 ACF", "{:+.2f}"),
     "recurrence": ("recurrence", "{:.2f}"),
     "final_eval_loss": ("held-out loss", "{:.3f}"),
@@ -161,6 +165,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "lag1_acf": averages["lag1_acf"],
             "recurrence": averages["recurrence"],
             "recurrence_kind": averages["recurrence_kind"],
+            "length_mix_excess": averages["length_mix_excess"],
             "final_eval_loss": _last_eval(history, "eval_loss"),
             "final_eval_tau": _last_eval(history, "eval_tau"),
             "final_eval_tau_real": _last_eval(history, "eval_tau_real"),
@@ -290,14 +295,13 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
         least = rec.loc[rec["recurrence"].idxmin()]
         sentences.append(f"Batch composition recurs most under {most['strategy']} (recurrence "
                          f"{most['recurrence']:.2f}) and least under {least['strategy']} ({least['recurrence']:.2f}).")
-    div = table[np.isfinite(table["grad_sample_diversity"])]
-    if len(div) > 1:
-        high = div.loc[div["grad_sample_diversity"].idxmax()]
-        low = div.loc[div["grad_sample_diversity"].idxmin()]
-        sentences.append(f"Measured sample diversity (1 + B_simple = E|g|² / |E g|² of a step's samples, 1 when they "
-                         f"agree) is highest under {high['strategy']} ({high['grad_sample_diversity']:.3g}) and lowest "
-                         f"under {low['strategy']} ({low['grad_sample_diversity']:.3g}); read it with its spread over "
-                         "seeds and the recurrence column (no test is applied to it).")
+    mix = table[np.isfinite(table["length_mix_excess"])]
+    if len(mix) > 1:
+        most = mix.loc[mix["length_mix_excess"].idxmax()]
+        least = mix.loc[mix["length_mix_excess"].idxmin()]
+        sentences.append(f"Steps are the most length-homogeneous under {most['strategy']} (length-mix excess over "
+                         f"random steps {most['length_mix_excess']:.2f}) and mix lengths the most like random steps "
+                         f"under {least['strategy']} ({least['length_mix_excess']:.2f}; 0 is random).")
     return sentences
 
 

@@ -7,8 +7,8 @@ report; names the registry does not know (variants such as ``bucketed (num_bucke
 next ones. Stage times (figure 3) use grey shades
 with hatching, so that colour always means a strategy.
 
-1. :func:`frontier` — real tokens/s relative to ``sorted`` against measured gradient diversity and
-   against recurrence; one marker per strategy (mean), error bars = seed standard deviation, seeds
+1. :func:`frontier` — real tokens/s relative to ``sorted`` against the steps' length-mix excess (the diversity
+   figure, exact from the plan) and against recurrence; one marker per strategy (mean), error bars = seed standard deviation, seeds
    as small points.
 2. :func:`heldout` — held-out loss and τ against tokens seen and against training time, mean ± s.d.
    over seeds at each evaluation.
@@ -53,7 +53,7 @@ STAGES = [("time_data", "data", "#f0f0f0", ""), ("time_target", "target forward"
           ("time_optimizer_comm", "optimizer + comm", "#252525", "")]
 
 FIGURES = {
-    "frontier": "Trade-off frontier: throughput relative to sorted against gradient diversity and recurrence",
+    "frontier": "Trade-off frontier: throughput relative to sorted against length-homogeneous steps and recurrence",
     "heldout": "Held-out loss and τ against tokens seen and training time (mean ± s.d. over seeds)",
     "throughput": "Padding, real tokens/s and the step-time split per strategy",
     "acf": "Autocorrelation of the step mean length by lag, with the 95% white-noise band",
@@ -140,7 +140,7 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
     then says that its ratios are no measurement of record."""
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
-    panels = [("grad_sample_diversity", "sample diversity 1 + B of a step's samples (1: they agree)"),
+    panels = [("length_mix_excess", "step length-mix excess over random steps (0: as mixed as random)"),
               ("recurrence", f"{kind}-level composition recurrence (epoch e → e+1)")]
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
@@ -164,10 +164,9 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
             ax.set(xlabel=label, ylabel=f"real tokens/s relative to {reference}")
             if not drawn:
-                why = ("gradient diversity was not measured:\nit needs grad_accum > 1 or more than one rank"
-                       if column == "grad_sample_diversity" else f"no {column} was logged")
+                why = f"no {column} was logged"
                 _note(ax, why)
-        axes[0].set_title("Throughput vs gradient sample diversity")
+        axes[0].set_title("Throughput vs length-homogeneous steps")
         axes[1].set_title("Throughput vs repeated batch composition")
         _disturbed_banner(fig, disturbed)
         _legend(fig, style, axes)
@@ -434,8 +433,10 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
             if not drawn:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
         several = "run" in measured and len(measured) and measured.groupby("strategy")["run"].nunique().min() > 1
-        axes[0].set_title("Sample diversity, 1 + B_simple (no step size in it)\n"
-                          + ("(thin: seeds; thick: mean; band: seed range)" if several else "(one seed a strategy)"))
+        axes[0].set_title("Sample diversity 1 + B_simple from a step's micro-batches (assumes random splits:\n"
+                          "length-homogeneous micro-batches inflate it, docs/design.md §6) "
+                          + ("(thin: seeds; thick: mean; band: seed range)" if several else "(one seed a strategy)"),
+                          fontsize=9)
         axes[1].set_title("Gradient noise scale (ratio of EMAs of unbiased estimates)")
         _legend(fig, style, axes)
     return fig

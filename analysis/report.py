@@ -95,9 +95,10 @@ def _missing(value: Any) -> bool:
 
 def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = None,
                  title: str = "batchlab: batching strategies compared", plan: Any = None,
-                 plan_source: str = "") -> Report:
+                 plan_source: str = "", answer: list[str] | None = None) -> Report:
     """The report of ``sweep`` in ``out_dir``; with ``plan`` (an :class:`analysis.planned.Preregistration`), its
-    planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written)."""
+    planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written), and
+    ``answer`` (:func:`analysis.answer.answer_lines`) after them in the summary and the report."""
     out_dir = Path(out_dir)
     per_run = run_metrics(sweep, target_loss)
     planned, planned_section = [], ""
@@ -138,7 +139,8 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     sweep.excluded.to_csv(out_dir / "excluded.csv", index=False)
     report = Report(out_dir, per_run, table, comparisons, timing, sentences + stats_sentences, paths)
     report.planned = planned
-    report.summary = write_summary(read_runs_csv(out_dir / "runs.csv"), out_dir / "summary.md", plan, plan_source)
+    report.summary = write_summary(read_runs_csv(out_dir / "runs.csv"), out_dir / "summary.md", plan, plan_source,
+                                   answer or ())
     facts = sweep_facts(sweep, per_run)
     formatted = format_table(table, timing)
     notes = table_notes(per_run, table, timing)
@@ -147,13 +149,15 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     captions = figs.figure_captions(int(per_run.groupby("strategy").size().min()) if len(per_run) else 0)
     markdown = render_markdown(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
                                sweep.excluded, paths, captions, ablation)
-    if planned:  # the planned contrasts open the report, under its title
+    told = "\n".join(answer or ())
+    lead = planned_section + (f"\n{told}\n" if told else "")
+    if lead:  # the planned contrasts (and the answer's other parts) open the report, under its title
         heading, _, rest = markdown.partition("\n")
-        markdown = f"{heading}\n\n{planned_section}{rest}"
+        markdown = f"{heading}\n\n{lead}{rest}"
     report.markdown.write_text(markdown)
     report.html = out_dir / "report.html"
     report.html.write_text(render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons,
-                                       sweep.excluded, paths, captions, style, ablation))
+                                       sweep.excluded, paths, captions, style, ablation, lead))
     return report
 
 
@@ -197,10 +201,10 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         f"real tokens/s = Σ real tokens / Σ step time; × {reference} = ratio to the same seed's {reference} run"
         + ("" if reference == "sorted" else " (no sorted run in this sweep: the fastest strategy is the reference)")
         + (": not quoted (—), the timings were disturbed (below)" if timing.flagged else "") + ".",
-        "padding % = 1 − Σ real tokens / Σ computed slots; " + step_mode_note(per_run) + " gradient diversity = "
-        "mean over measured steps of Yin's Δ of a step's samples implied by the noise scale B_simple, "
-        "(1 + B) / (W + B): 1/W when every sample's gradient agrees, 1 when the gradient is all noise "
-        "(docs/design.md §6); clipped % = share of steps whose gradient norm was clipped (optim.grad_clip).",
+        "padding % = 1 − Σ real tokens / Σ computed slots; " + step_mode_note(per_run) + " length-mix excess = "
+        "mean over epochs of how much less a step mixes lengths than random steps of the same sizes (KL of its length "
+        "histogram to the data's, minus the same for random steps: 0 when steps mix as random ones do; exact from the "
+        "plan, docs/design.md §6); clipped % = share of steps whose gradient norm was clipped (optim.grad_clip).",
         "lag-1 ACF = the plan's autocorrelation of step mean length at lag 1 (mean over epochs); "
         f"recurrence = {kind}-level composition recurrence between consecutive epochs (1: same batches every epoch).",
         "held-out loss and τ = last evaluation (τ teacher-forced against the data; τ real = tokens per target "
@@ -208,9 +212,6 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         "first evaluation with "
         f"held-out loss ≤ {per_run['target_loss'].iloc[0]:.3f}.",
     ]
-    if table["grad_sample_diversity"].isna().all():
-        notes.append("Gradient diversity was not measured in this sweep (it needs two small batches per step: "
-                     "trainer.nproc > 1, trainer.grad_accum > 1, or trainer.step_tokens above trainer.max_tokens).")
     if timing.flagged:
         notes.append(timing.note())
     return notes
@@ -316,9 +317,16 @@ def _html_table(header: list[str], rows: list[list[str]], colours: dict[str, str
 
 def render_html(title, facts, sentences, stats_sentences, formatted, notes, comparisons, excluded, paths,
                 figure_captions,
-                style: figs.StrategyStyle, ablation: list[AblationSection] = ()) -> str:
+                style: figs.StrategyStyle, ablation: list[AblationSection] = (), lead: str = "") -> str:
+    """``lead``: markdown that opens the report under its title (the planned contrasts and the answer after them),
+    rendered by markdown-it (CommonMark)."""
     esc = html.escape
-    body = [f"<h1>{esc(title)}</h1>", "<h2>Sweep</h2>", '<ul class="facts">']
+    body = [f"<h1>{esc(title)}</h1>"]
+    if lead:
+        from markdown_it import MarkdownIt
+
+        body.append(MarkdownIt("commonmark", {"html": False}).render(lead))
+    body += ["<h2>Sweep</h2>", '<ul class="facts">']
     body += [f"<li><b>{esc(k)}</b>: {esc(str(v))}</li>" for k, v in facts]
     body += ["</ul>", "<h2>Findings</h2>", "<ul>"] + [f"<li>{esc(s)}</li>" for s in sentences] + ["</ul>"]
     body += ["<h2>Per strategy</h2>",

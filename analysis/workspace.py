@@ -42,7 +42,7 @@ def panel_spec() -> dict[str, list[dict[str, Any]]]:
     x = "tokens_seen"
     return {
         "frontier": [
-            {"kind": "scatter", "title": "real tokens/s vs sample diversity", "x": "grad_sample_diversity",
+            {"kind": "scatter", "title": "real tokens/s vs length-mix excess", "x": "plan_length_mix_excess",
              "y": "tokens_per_second"},
             {"kind": "scatter", "title": "real tokens/s vs recurrence (micro-batch)", "x": "plan_recurrence",
              "y": "tokens_per_second"},

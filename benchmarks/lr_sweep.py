@@ -55,6 +55,10 @@ def main() -> None:
     parser.add_argument("--runs-dir", default=None,
                         help="keep the runs here (a complete run found there is reused, so a grid can be extended); "
                              "default: a temporary directory")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra override for every run (repeatable), e.g. trainer.target_features=online to "
+                             "extend a grid whose runs computed the target online (the same training: the cache is "
+                             "tested to train exactly as the online target)")
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 
@@ -73,7 +77,7 @@ def main() -> None:
             for lr in sorted(lrs, reverse=True):
                 for strategy in strategies:
                     overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={seed}", f"optim.lr={lr}",
-                                 "eval.split=validation", "logger=none", "trainer.progress=false"]
+                                 "eval.split=validation", "logger=none", "trainer.progress=false", *args.override]
                     run_dir = Path(scratch) / f"{strategy}-{lr}-s{seed}"
                     reused += (run_dir / "summary.json").exists()
                     summary = run(compose(overrides), run_dir)
@@ -102,7 +106,7 @@ def main() -> None:
     section = (
         f"{TITLE}\n\n"
         f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, strategies={args.strategies}, "
-        f"seeds={args.seeds}). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
+        f"seeds={args.seeds}" + "".join(f", --override {o}" for o in args.override) + f"). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
         f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min"
         + (f" ({reused} of {len(results)} runs reused from --runs-dir)" if reused else "") + ".\n\n"
         f"Each cell is the mean over the tuning seeds of runs of the main job's settings (`experiment=strategies`: "

@@ -45,6 +45,8 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
       measured value;
     * ``lag1_acf`` = mean over epochs of the plan's lag-1 ACF of step mean length; ``recurrence`` = mean over
       epochs of ``recurrence`` (default :func:`recurrence_key`), ``recurrence_kind`` = step or micro-batch;
+      ``length_mix_excess`` = mean over epochs of the plan's step length-mix excess over random steps (the
+      diversity figure: 0 when steps mix lengths as random steps do);
     * ``rank_imbalance``, ``data_wait_fraction``, ``drafter_block_efficiency``, ``peak_memory_mb`` = means over
       steps; ``final_loss`` = the last step's training loss; ``clip_fraction`` = the share of steps whose
       gradient norm was clipped.
@@ -66,6 +68,7 @@ def step_averages(records: Sequence[Mapping[str, Any]], recurrence: str | None =
         "lag1_acf": _mean(r.get("plan_lag1_acf") for r in records),
         "recurrence": _mean(r.get(recurrence) for r in records),
         "recurrence_kind": "step" if recurrence == "plan_step_recurrence" else "micro-batch",
+        "length_mix_excess": _mean(r.get("plan_length_mix_excess") for r in records),
         "rank_imbalance": _mean(r.get("rank_imbalance") for r in records),
         "data_wait_fraction": _mean(r.get("data_wait_fraction") for r in records),
         "drafter_block_efficiency": _mean(r.get("drafter_block_efficiency") for r in records),

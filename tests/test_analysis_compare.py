@@ -40,6 +40,7 @@ def _recomputed(sweep_dir):
         measured = [s["grad_diversity"] for s in steps if s["grad_stats_measured"] and s["grad_diversity"] is not None]
         sample = [1 + s["grad_noise_scale"] for s in steps if s["grad_stats_measured"] and s["grad_noise_scale"] is not None]
         lag1 = [s["plan_lag1_acf"] for s in steps if s.get("plan_lag1_acf") is not None]
+        mix = [s["plan_length_mix_excess"] for s in steps if s.get("plan_length_mix_excess") is not None]
         recurrence = [s["plan_recurrence"] for s in steps if s.get("plan_recurrence") is not None]
         if any(s.get("plan_step_recurrence") is not None for s in steps):
             recurrence = [s["plan_step_recurrence"] for s in steps if s.get("plan_step_recurrence") is not None]
@@ -49,6 +50,7 @@ def _recomputed(sweep_dir):
             "padding_pct": 100 * (1 - real / sum(s["computed_slots"] for s in steps)),
             "grad_diversity": float(np.mean(measured)), "grad_sample_diversity": float(np.mean(sample)),
             "lag1_acf": float(np.mean(lag1)), "recurrence": float(np.mean(recurrence)),
+            "length_mix_excess": float(np.mean(mix)),
             "final_eval_loss": evals[-1]["eval_loss"], "final_eval_tau": evals[-1]["eval_tau"], "evals": evals,
         }
     target = max(r["final_eval_loss"] for r in records.values())
@@ -68,7 +70,7 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
     for strategy in support.STRATEGIES:
         row = table.loc[strategy]
         assert row["seeds"] == len(support.SEEDS)
-        for column in ("tokens_per_second", "relative_throughput", "padding_pct", "grad_sample_diversity", "lag1_acf",
+        for column in ("tokens_per_second", "relative_throughput", "padding_pct", "length_mix_excess", "lag1_acf",
                        "recurrence", "final_eval_loss", "final_eval_tau", "tokens_to_loss"):
             values = [records[(strategy, seed)][column] for seed in support.SEEDS]
             assert row[column] == pytest.approx(np.mean(values), rel=1e-9, abs=1e-12), (strategy, column)
@@ -76,13 +78,15 @@ def test_table_equals_numbers_recomputed_from_the_histories(report, tmp_path_fac
     assert table.loc["sorted", "relative_throughput"] == pytest.approx(1.0)
     assert table.loc["packed", "padding_pct"] == pytest.approx(0.0, abs=1e-9)  # packing has no padding
     assert table.loc["sorted", "recurrence"] > table.loc["shuffle", "recurrence"]  # sorted repeats its batches
+    assert table.loc["sorted", "length_mix_excess"] > table.loc["shuffle", "length_mix_excess"]  # one length a step
     # the run summaries agree with the histories where they report the same thing
     for directory in support.run_dirs(sweep_dir):
         summary = json.loads((directory / "summary.json").read_text())
         mine = records[(summary["strategy"], summary["seed"])]
         assert summary["padding_ratio"] * 100 == pytest.approx(mine["padding_pct"], abs=1e-9)
         assert summary["eval_loss"] == pytest.approx(mine["final_eval_loss"])
-        for column in ("grad_diversity", "grad_sample_diversity", "lag1_acf", "recurrence"):  # one definition
+        for column in ("grad_diversity", "grad_sample_diversity", "lag1_acf", "recurrence",
+                       "length_mix_excess"):  # one definition
             assert summary[column] == pytest.approx(mine[column], rel=1e-12, abs=1e-15), column
 
 

@@ -50,3 +50,16 @@ def test_yins_delta_at_the_steps_weight_ranks_sorted_first_whatever_the_gradient
 def test_a_seed_changes_the_draw_and_the_same_seed_repeats_it():
     assert simulate("topic", "sorted", 0) == simulate("topic", "sorted", 0)
     assert simulate("topic", "sorted", 0).sample_diversity != simulate("topic", "sorted", 1).sample_diversity
+
+
+def test_micro_batches_of_one_length_each_break_the_sample_diversity_estimate():
+    """The stratified arm holds the mixed arm's samples with one micro-batch per length, as sorted, bucketed and
+    length_grouped steps are laid out: the known answer is the mixed arm's, and 1 + B is off it by orders of
+    magnitude (the micro-batches' disagreement reads as sample noise): why the report ranks steps by the plan's
+    length-mix excess instead."""
+    stratified = [simulate("length", "stratified", seed) for seed in SEEDS]
+    mixed = simulate("length", "mixed", 0)
+    assert stratified[0].truth == pytest.approx(mixed.truth)  # the same samples in every step
+    assert min(r.sample_diversity for r in stratified) > 100 * mixed.truth
+    assert np.mean([r.floored for r in stratified]) > 0.25  # |G|² estimated at or below its floor on many steps
+    assert mixed.floored == 0.0

@@ -49,7 +49,7 @@ def test_every_figure_exists_in_png_and_svg_and_is_not_blank(report):
 
 def test_markdown_report_has_the_table_sentences_and_figures(report):
     text = (report / "report.md").read_text()
-    for heading in ("real tokens/s", "× sorted", "padding %", "sample diversity 1+B", "lag-1 ACF", "recurrence",
+    for heading in ("real tokens/s", "× sorted", "padding %", "length-mix excess", "lag-1 ACF", "recurrence",
                     "held-out loss", "τ", "tokens to target loss"):
         assert f"| {heading} |" in text or f"| {heading}" in text, heading
     for strategy in support.STRATEGIES:
@@ -94,7 +94,7 @@ def test_the_report_writes_the_markdown_summary_from_its_runs_csv(report):
     text = (report / "summary.md").read_text()
     assert text == summary_markdown(read_runs_csv(report / "runs.csv"))
     header = ("| strategy | real tokens/s | × sorted | padding | optimizer steps | clipped | step recurrence | "
-              "held-out loss | τ teacher-forced | τ real |")
+              "length-mix excess | held-out loss | τ teacher-forced | τ real |")
     assert text.startswith(header + "\n")
     assert "Holm–Bonferroni" in text
 
@@ -236,8 +236,22 @@ def test_the_readme_result_block_is_the_demo_reports_summary():
 
     source = "conf/preregistration/strategies.yaml"  # make demo's report is built with it: the block opens with it
     plan = load_preregistration(support.REPO / source)
-    rendered = summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv"), plan, source)
+    # make demo's report reads the interleaved benchmark's rounds and the mechanism ablation's runs (its Makefile line)
+    from analysis.answer import answer_lines, read_throughput_rounds
+    from analysis.load import order_strategies
+
+    demo = support.REPO / "docs" / "demo"
+    assert "--throughput-rounds docs/demo/throughput_rounds.csv --mechanism-runs docs/demo/ablation_normaliser_runs.csv" \
+        in (support.REPO / "Makefile").read_text()
+    rounds = read_throughput_rounds(demo / "throughput_rounds.csv")
+    answer = answer_lines(list(plan.contrasts), plan.endpoint, order_strategies(list(rounds["strategy"].unique())),
+                          (rounds, "docs/demo/throughput_rounds.csv"),
+                          (read_runs_csv(demo / "ablation_normaliser_runs.csv"), "docs/demo/ablation_normaliser_runs.csv"))
+    rendered = summary_markdown(read_runs_csv(demo / "runs.csv"), plan, source, answer)
     assert block.strip() == rendered.strip()
+    # the answer in words: a sentence per planned contrast, then the throughput each strategy buys and the mechanism
+    assert block.index("- packed vs shuffle (equivalence") < block.index("Throughput each strategy buys") \
+        < block.index("The mechanism (") < block.index("| strategy |")
     # the confirmatory runs: every planned contrast has a verdict, on the declared seeds and the declared data
     assert block.startswith("Planned contrasts (pre-registered in") and "on the confirmatory seeds (" in block
     assert block.count("- ") >= len(plan.contrasts) and "**inconclusive" not in block
@@ -266,7 +280,7 @@ def test_the_figures_plot_the_tables_numbers(sweep_dir, report):
     table = pd.read_csv(report / "strategies.csv").set_index("strategy")
     style = figs.StrategyStyle(sweep.strategies)
     frontier = figs.frontier(per_run, style)
-    for ax, column in zip(frontier.axes[:2], ("grad_sample_diversity", "recurrence")):
+    for ax, column in zip(frontier.axes[:2], ("length_mix_excess", "recurrence")):
         centres = [line.get_xydata()[0] for line in ax.lines if line.get_markersize() == 9]
         expected = [(table.loc[s, column], table.loc[s, "relative_throughput"]) for s in style.strategies]
         np.testing.assert_allclose(centres, expected, rtol=1e-9, err_msg=column)
@@ -363,6 +377,9 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert all(v in printed for v in frame["verdict"])
     report_text = (out / "report.md").read_text()
     assert report_text.index("## Planned contrasts") < report_text.index("## Statistical comparison")
+    page = (out / "report.html").read_text()  # the page a user opens opens with them too, rendered from markdown
+    assert page.index("<h2>Planned contrasts") < page.index("<h2>Sweep</h2>")
+    assert all(f"<strong>{v}</strong>" in page for v in frame["verdict"]) and "**" not in page
     # the secondary per-sample lines (the runs wrote eval_samples.jsonl): the same effect as the primary test's
     for contrast, effect in zip(frame["contrast"], frame["mean_difference"]):
         assert f"- {contrast}, per held-out sample (secondary): held-out loss {effect:+.3f} (95% hierarchical" in \
@@ -383,6 +400,13 @@ def test_the_results_own_lr_block_is_the_reports_own_output():
     assert start in results and end in results, "the RESULTS.md own-lr block markers are missing"
     block = results.split(start, 1)[1].split(end, 1)[0]
     per_run = read_runs_csv(support.REPO / "docs" / "demo" / "own_lr_runs.csv")
-    assert dict(per_run.groupby("strategy")["lr"].first()) == {"sorted": 0.04, "packed": 0.02}
-    assert sorted(per_run["seed"].unique()) == [0, 1, 2]
-    assert block.strip() == summary_markdown(per_run).strip()
+    assert dict(per_run.groupby("strategy")["lr"].first()) == {"sorted": 0.08, "packed": 0.02}
+    from analysis.planned import load_preregistration
+
+    source = "conf/preregistration/own_lr.yaml"  # its own planned contrast, on the main job's confirmatory seeds
+    plan = load_preregistration(support.REPO / source)
+    assert sorted(per_run["seed"].unique()) == sorted(plan.confirmatory_seeds)
+    assert set(per_run["data_fingerprint"]) == {plan.artefact}
+    assert block.strip() == summary_markdown(per_run, plan, source).strip()
+    # the lrs are the lr sweep's own bests (benchmarks/RESULTS.md), each inside its grid
+    assert "Each strategy's own best: sorted 0.08; packed 0.02." in results

@@ -6,7 +6,10 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
 * ``trainer.nproc == 1`` and no launcher: the Hydra job trains in its own process (no process group).
 * ``trainer.nproc > 1``: the Hydra job starts the ranks itself with torch elastic's ``elastic_launch``
   (c10d rendezvous on ``localhost:0``, so two jobs never fight over a port); the resolved config
-  travels as a plain dict.
+  travels as a plain dict. The ranks fork from a ``forkserver`` that imported torch and the rank's code
+  once (:data:`RANK_PRELOAD`): ``spawn`` imports them afresh in every rank, seconds of CPU each, which a
+  small machine pays again at every job of a sweep. Each rank then takes the launcher's environment as
+  it is at this launch (:func:`_in_launch_environment`), not the one the server started in.
 * An external ``torchrun`` or SLURM launch (``WORLD_SIZE`` / ``SLURM_NTASKS`` in the environment): the
   process is already one rank; read the environment and join. A task of a submitit job
   (``hydra/launcher=slurm`` or ``submitit_local``) is one rank: submitit's own
@@ -14,7 +17,7 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
   a port drawn from the job id).
 
 Collectives are no-ops on one rank, so the trainer has no ``if world_size > 1`` of its own. A rank
-that dies ends the job: elastic's agent (polling every 0.5 s) stops the others (SIGTERM, SIGKILL 30 s
+that dies ends the job: elastic's agent (polling every 0.1 s) stops the others (SIGTERM, SIGKILL 30 s
 later) and raises ``ChildFailedError`` naming it, which :func:`harness.train.launch.run.run` turns into
 ``RankFailed`` with the stage and step from the rank's status file; collectives carry a timeout
 (``trainer.collective_timeout_s``, gloo's and NCCL's, with NCCL's async error handling on) so that a
@@ -29,6 +32,7 @@ stage and step.
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +40,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from harness.train.rank_server import SERVER_FLAG, restore_signals
 
 
 @dataclass(frozen=True)
@@ -175,16 +181,43 @@ def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> 
 
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
-        start_method="spawn",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        start_method="forkserver",
     )
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    environment = dict(os.environ)  # what every rank runs in (_in_launch_environment)
+    multiprocessing.set_forkserver_preload(list(RANK_PRELOAD))  # read when the server starts (the first launch)
+    os.environ[SERVER_FLAG] = "1"  # a server this launch starts ignores stop signals (harness.train.rank_server)
     try:
-        results = elastic_launch(config, worker)(*args)
+        results = elastic_launch(config, _in_launch_environment)(environment, worker, *args)
     except SignalException as stopped:  # the ranks finished their step and checkpointed before exiting
         raise Interrupted(stopped.sigval) from None
+    finally:
+        os.environ.pop(SERVER_FLAG, None)
     return results[0]
+
+
+#: what the forkserver imports once, before it forks ranks: torch and the code a rank runs
+RANK_PRELOAD = ("harness.train.rank_server", "torch", "torch.distributed", "harness.train.launch.run")
+#: the variables torch elastic sets for a rank that the launcher may hold too (with another value for the rank)
+ELASTIC_RANK_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+
+
+def _in_launch_environment(environment: dict[str, str], worker: Callable[..., Any], *args: Any) -> Any:
+    """``worker(*args)`` in ``environment`` (the launcher's at this launch) plus what torch elastic set for this rank.
+
+    A rank forks from a server that kept the environment it started in, perhaps a sweep's jobs ago; torch elastic
+    then sets only the rank's own variables (``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ...). A variable the
+    launcher removed since the server started stays (it cannot be told from one of the rank's). The stop signals
+    get their default actions back first (the server ignores them: :mod:`harness.train.rank_server`)."""
+    restore_signals()
+    own = {key: value for key, value in os.environ.items()
+           if key not in environment or key in ELASTIC_RANK_VARIABLES}
+    os.environ.clear()
+    os.environ.update(environment)
+    os.environ.update(own)
+    return worker(*args)
 
 
 class Interrupted(RuntimeError):

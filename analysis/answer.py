@@ -59,6 +59,13 @@ def round_ratios(rounds: pd.DataFrame, reference: str = "sorted") -> dict[str, n
     return {s: (speed[s] / speed[reference]).to_numpy() for s in speed.columns if s != reference}
 
 
+def ratio_table(rounds: pd.DataFrame, reference: str = "sorted") -> dict[str, tuple[float, float, float]]:
+    """Per strategy but the reference: (mean, low, high) of its per-round ratio to the reference (the frontier
+    figure's y-axis, :func:`analysis.figures.frontier`)."""
+    return {strategy: (mean, *interval) for strategy, values in round_ratios(rounds, reference).items()
+            for mean, interval in [ratio_interval(values)]}
+
+
 def throughput_sentence(rounds: pd.DataFrame, strategies: list[str], source: str, reference: str = "sorted") -> str:
     """One sentence: each strategy's tokens/s against ``reference`` (mean over rounds and its 95 % t interval) with
     its padding, and which intervals exclude 1."""

@@ -69,10 +69,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_answer(args, plan) -> list[str]:
+def read_answer(args, plan) -> tuple[list[str], dict | None]:
     """The summary's lines after the verdicts (:mod:`analysis.answer`) from ``--throughput-rounds`` and
-    ``--mechanism-runs``; a ValueError names the file and the fix."""
-    from analysis.answer import answer_lines, read_throughput_rounds
+    ``--mechanism-runs``, and the rounds' ratios (the frontier's y-axis; None without rounds); a ValueError names the
+    file and the fix."""
+    from analysis.answer import answer_lines, ratio_table, read_throughput_rounds
     from analysis.load import order_strategies
     from analysis.summary import read_runs_csv
 
@@ -87,8 +88,9 @@ def read_answer(args, plan) -> list[str]:
     except OSError as error:
         raise ValueError(f"cannot read {error.filename} ({error.strerror})") from error
     strategies = order_strategies(list(throughput[0]["strategy"].unique())) if throughput is not None else []
-    return answer_lines(list(plan.contrasts) if plan is not None else [], plan.endpoint if plan is not None else "",
-                        strategies, throughput, mechanism)
+    lines = answer_lines(list(plan.contrasts) if plan is not None else [], plan.endpoint if plan is not None else "",
+                         strategies, throughput, mechanism)
+    return lines, (ratio_table(throughput[0]) if throughput is not None else None)
 
 
 def fail(message: str) -> int:
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as error:
             return fail(f"--preregistration: {error}")
     try:
-        answer = read_answer(args, plan)
+        answer, ratios = read_answer(args, plan)
     except (ValueError, KeyError) as error:
         return fail(str(error))
     if args.from_runs_csv:
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
     try:
         report = build_report(sweep, out, target_loss=args.target_loss, title=args.title, plan=plan,
-                              plan_source=args.preregistration or "", answer=answer)
+                              plan_source=args.preregistration or "", answer=answer, throughput=ratios)
     except ValueError as error:
         if plan is None:
             raise

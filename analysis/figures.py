@@ -135,9 +135,12 @@ def _legend(fig: Figure, style: StrategyStyle, axes, ncol: int | None = None) ->
 
 
 # ---------------------------------------------------------------- 1
-def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[str] = ()) -> Figure:
+def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[str] = (),
+             throughput: dict[str, tuple[float, float, float]] | None = None) -> Figure:
     """``disturbed``: strategies whose timings were disturbed (:func:`analysis.stats.timing_check`); the figure
-    then says that its ratios are no measurement of record."""
+    then says that its ratios are no measurement of record. ``throughput``: strategy → (mean, low, high) of the
+    interleaved benchmark's tokens/s ratio to the reference (:func:`analysis.answer.ratio_table`); when given, the
+    y-axis is that measurement (error bar: its 95 % interval over rounds) instead of the sweep's own timings."""
     reference = per_run.attrs.get("reference", "sorted")
     kind = per_run["recurrence_kind"].iloc[0] if "recurrence_kind" in per_run.columns and len(per_run) else "step"
     panels = [("length_mix_excess", "step length-mix excess over random steps (0: as mixed as random)"),
@@ -148,27 +151,40 @@ def frontier(per_run: pd.DataFrame, style: StrategyStyle, disturbed: Sequence[st
             drawn = False
             for strategy in style.strategies:
                 runs = per_run[per_run["strategy"] == strategy]
-                ok = runs[np.isfinite(runs[column]) & np.isfinite(runs["relative_throughput"])]
+                if column not in runs.columns:
+                    continue
+                if throughput is not None:
+                    if strategy not in throughput and strategy != reference:
+                        continue
+                    mean, low, high = throughput.get(strategy, (1.0, 1.0, 1.0))
+                    ok = runs[np.isfinite(runs[column])]
+                    seeds_y = np.full(len(ok), mean)
+                    y, yerr = mean, [[mean - low], [high - mean]]
+                else:
+                    ok = runs[np.isfinite(runs[column]) & np.isfinite(runs["relative_throughput"])]
+                    seeds_y = ok["relative_throughput"].to_numpy()
+                    y = ok["relative_throughput"].mean()
+                    yerr = ok["relative_throughput"].std(ddof=1) if len(ok) > 1 else 0.0
                 if ok.empty:
                     continue
                 drawn = True
                 colour, marker = style.colour(strategy), style.marker(strategy)
-                ax.scatter(ok[column], ok["relative_throughput"], s=18, color=colour, marker=marker, alpha=0.45,
-                           linewidths=0)
-                x, y = ok[column].mean(), ok["relative_throughput"].mean()
+                ax.scatter(ok[column], seeds_y, s=18, color=colour, marker=marker, alpha=0.45, linewidths=0)
+                x = ok[column].mean()
                 xerr = ok[column].std(ddof=1) if len(ok) > 1 else 0.0
-                yerr = ok["relative_throughput"].std(ddof=1) if len(ok) > 1 else 0.0
                 ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colour, marker=marker, markersize=9, capsize=4,
                             markeredgecolor="black", markeredgewidth=0.6, linewidth=1.2)
                 ax.annotate(strategy, (x, y), textcoords="offset points", xytext=(7, 6), fontsize=9)
             ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-            ax.set(xlabel=label, ylabel=f"real tokens/s relative to {reference}")
+            ylabel = (f"real tokens/s relative to {reference}\n(target online, interleaved rounds; 95% interval)"
+                      if throughput is not None else f"real tokens/s relative to {reference}")
+            ax.set(xlabel=label, ylabel=ylabel)
             if not drawn:
-                why = f"no {column} was logged"
-                _note(ax, why)
+                _note(ax, f"no {column} was logged")
         axes[0].set_title("Throughput vs length-homogeneous steps")
         axes[1].set_title("Throughput vs repeated batch composition")
-        _disturbed_banner(fig, disturbed)
+        if throughput is None:
+            _disturbed_banner(fig, disturbed)
         _legend(fig, style, axes)
     return fig
 
@@ -525,10 +541,12 @@ def heldout_by_length(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
 
 
 def all_figures(per_run: pd.DataFrame, steps: pd.DataFrame, style: StrategyStyle,
-                disturbed: Sequence[str] = ()) -> dict[str, Figure]:
-    """The eight figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones."""
+                disturbed: Sequence[str] = (), throughput_ratios: dict[str, tuple[float, float, float]] | None = None
+                ) -> dict[str, Figure]:
+    """The eight figures; ``disturbed`` (strategies whose timings were disturbed) marks the two throughput ones;
+    ``throughput_ratios`` (the interleaved benchmark's) is the frontier's y-axis when given."""
     figures = {
-        "frontier": frontier(per_run, style, disturbed),
+        "frontier": frontier(per_run, style, disturbed, throughput_ratios),
         "heldout": heldout(steps, style),
         "throughput": throughput(per_run, steps, style, disturbed),
         "acf": acf(steps, style),

@@ -95,10 +95,12 @@ def _missing(value: Any) -> bool:
 
 def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = None,
                  title: str = "batchlab: batching strategies compared", plan: Any = None,
-                 plan_source: str = "", answer: list[str] | None = None) -> Report:
+                 plan_source: str = "", answer: list[str] | None = None,
+                 throughput: dict[str, tuple[float, float, float]] | None = None) -> Report:
     """The report of ``sweep`` in ``out_dir``; with ``plan`` (an :class:`analysis.planned.Preregistration`), its
     planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written), and
-    ``answer`` (:func:`analysis.answer.answer_lines`) after them in the summary and the report."""
+    ``answer`` (:func:`analysis.answer.answer_lines`) after them in the summary and the report; ``throughput`` (the
+    interleaved benchmark's ratios, :func:`analysis.answer.ratio_table`) is the frontier figure's y-axis."""
     out_dir = Path(out_dir)
     per_run = run_metrics(sweep, target_loss)
     planned, planned_section = [], ""
@@ -132,7 +134,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     style = figs.StrategyStyle(sweep.strategies)
     figure_dir = out_dir / "figures"
     paths = {name: figs.save_figure(fig, figure_dir, name)
-             for name, fig in figs.all_figures(per_run, sweep.steps, style, timing.disturbed).items()}
+             for name, fig in figs.all_figures(per_run, sweep.steps, style, timing.disturbed, throughput).items()}
     per_run.to_csv(out_dir / "runs.csv", index=False)
     table.to_csv(out_dir / "strategies.csv", index=False)
     comparisons_frame(comparisons).to_csv(out_dir / "comparisons.csv", index=False)

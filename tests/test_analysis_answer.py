@@ -3,6 +3,7 @@ mechanism's parts oriented as each planned contrast, both checked against hand c
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -88,3 +89,22 @@ def test_the_cli_reads_both_tables_into_the_summary(tmp_path, capsys):
         text.index("| strategy |")
     assert main(["--from-runs-csv", runs, "--preregistration", plan, "--mechanism-runs", str(tmp_path / "none.csv")]) \
         == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_the_frontier_plots_the_benchmarks_ratios_against_the_length_mix_excess():
+    """With the interleaved rounds, the frontier's y is each strategy's mean ratio over rounds (its error bar the
+    95 % interval) and its x the mean length-mix excess over seeds; without them, the sweep's own ratios."""
+    from analysis.answer import ratio_table
+    from analysis.figures import StrategyStyle, frontier
+
+    per_run = pd.DataFrame([{"strategy": s, "seed": seed, "length_mix_excess": x + 0.01 * seed, "recurrence": 0.5,
+                             "relative_throughput": 1.0, "recurrence_kind": "step"}
+                            for s, x in (("sorted", 1.4), ("packed", 0.0), ("shuffle", 0.01)) for seed in range(3)])
+    per_run.attrs["reference"] = "sorted"
+    ratios = ratio_table(_rounds())
+    assert ratios["packed"] == pytest.approx((1.2, 1.2 - HALF, 1.2 + HALF))
+    style = StrategyStyle(["sorted", "packed", "shuffle"])
+    axis = frontier(per_run, style, throughput=ratios).axes[0]
+    centres = [line.get_xydata()[0] for line in axis.lines if line.get_markersize() == 9]
+    np.testing.assert_allclose(centres, [(1.41, 1.0), (0.01, 1.2), (0.02, 0.52)], rtol=1e-9)
+    assert "interleaved rounds" in axis.get_ylabel()

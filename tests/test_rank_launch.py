@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from harness.train.distributed import RANK_PRELOAD, _in_launch_environment
+from harness.train.distributed import RANK_PRELOAD, in_launch_environment
 from harness.train.rank_server import STOP_SIGNALS, restore_signals
 
 
@@ -17,7 +17,7 @@ def test_a_forked_rank_takes_the_launchers_environment_of_this_launch():
         os.environ.update({"BATCHLAB_TEST_KEPT": "stale", "RANK": "1", "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "3"})
         launcher_now = {**saved, "BATCHLAB_TEST_KEPT": "fresh", "BATCHLAB_TEST_ADDED": "x",
                         "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
-        seen = _in_launch_environment(launcher_now, lambda: dict(os.environ))
+        seen = in_launch_environment(launcher_now, lambda: dict(os.environ))
     finally:
         os.environ.clear()
         os.environ.update(saved)

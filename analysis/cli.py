@@ -65,8 +65,33 @@ def parser() -> argparse.ArgumentParser:
                    help="the normaliser ablation's runs.csv (docs/demo/ablation_normaliser_runs.csv, make "
                         "ablation-normaliser): the summary splits each planned contrast's gap into the per-step "
                         "reweighting and the rest (needs --preregistration)")
+    p.add_argument("--agreement-with", metavar="RUNS_CSV",
+                   help="another design's runs.csv (e.g. docs/demo/runs.csv, the embedded default's main job): the "
+                        "summary says, contrast by contrast, where this sweep's planned verdicts agree with its "
+                        "(needs --preregistration and --agreement-preregistration)")
+    p.add_argument("--agreement-preregistration", metavar="YAML",
+                   help="that design's planned analysis (e.g. conf/preregistration/strategies.yaml)")
+    p.add_argument("--agreement-name", default="the embedded default's main job",
+                   help="what to call that design in the summary")
     add_verbose(p)
     return p
+
+
+def read_reference(args, plan) -> tuple[list, str, str] | None:
+    """``--agreement-with``'s planned results, name and file (None without it); a ValueError names the fix."""
+    if not args.agreement_with:
+        return None
+    if plan is None or not args.agreement_preregistration:
+        raise ValueError("--agreement-with compares planned verdicts: give --preregistration and "
+                         "--agreement-preregistration too")
+    from analysis.planned import load_preregistration, planned_results
+    from analysis.summary import read_runs_csv
+
+    try:
+        runs, reference_plan = read_runs_csv(args.agreement_with), load_preregistration(args.agreement_preregistration)
+    except OSError as error:
+        raise ValueError(f"cannot read {error.filename} ({error.strerror})") from error
+    return planned_results(runs, reference_plan), args.agreement_name, args.agreement_with
 
 
 def read_answer(args, plan) -> tuple[list[str], dict | None]:
@@ -99,7 +124,7 @@ def fail(message: str) -> int:
 
 
 def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source: str = "",
-                         answer: list[str] | None = None) -> int:
+                         answer: list[str] | None = None, reference=None) -> int:
     from analysis.summary import read_runs_csv, summary_markdown
 
     try:
@@ -109,11 +134,13 @@ def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source
         return fail(f"cannot render a summary from {runs_csv} ({type(error).__name__}: {error}); give the runs.csv "
                     "that batchlab-report wrote")
     if plan is not None:
+        from analysis.agreement import with_agreement
         from analysis.planned import planned_markdown, planned_results
 
         try:  # the summary opens with the verdicts; the declared plan follows it
-            text = summary_markdown(runs, plan, plan_source, answer or ()) + "\n" + planned_markdown(
-                planned_results(runs, plan), plan, plan_source)
+            planned = planned_results(runs, plan)
+            text = summary_markdown(runs, plan, plan_source, with_agreement(answer or (), planned, reference)) + (
+                "\n" + planned_markdown(planned, plan, plan_source))
         except ValueError as error:
             return fail(f"{plan_source}: {error}")
     if out is None:
@@ -137,13 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"--preregistration: {error}")
     try:
         answer, ratios = read_answer(args, plan)
+        reference = read_reference(args, plan)
     except (ValueError, KeyError) as error:
         return fail(str(error))
     if args.from_runs_csv:
         if args.sweep_dirs:
             return fail("give either SWEEP_DIR(s) or --from-runs-csv, not both")
         return summary_from_runs_csv(args.from_runs_csv, args.markdown_summary, plan, args.preregistration or "",
-                                     answer)
+                                     answer, reference)
     if not args.sweep_dirs:
         return fail("no SWEEP_DIR given (or --from-runs-csv RUNS_CSV to re-render a summary)")
     workspace_path = None
@@ -166,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path(args.sweep_dirs[0]) / "report"
     try:
         report = build_report(sweep, out, target_loss=args.target_loss, title=args.title, plan=plan,
-                              plan_source=args.preregistration or "", answer=answer, throughput=ratios)
+                              plan_source=args.preregistration or "", answer=answer, throughput=ratios,
+                              reference=reference)
     except ValueError as error:
         if plan is None:
             raise

@@ -151,6 +151,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "strategy_name": run.get("strategy_name", run["strategy"]), "step_mode": step_mode(run),
             "loss_normaliser": loss_normaliser(run), "lr": run.get("optim.lr", math.nan),
             "data_fingerprint": run.get("data_fingerprint", ""),  # which data (the preregistration names one)
+            "target": run.get("target", ""),  # which target model (the trainer's summary names it)
             # "cached": the target's features were read from the cache, so tokens/s times the drafter's step alone
             "target_features": run.get("trainer.target_features", "online") or "online",
             "clipped_pct": 100.0 * averages["clip_fraction"],

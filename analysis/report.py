@@ -96,11 +96,14 @@ def _missing(value: Any) -> bool:
 def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = None,
                  title: str = "batchlab: batching strategies compared", plan: Any = None,
                  plan_source: str = "", answer: list[str] | None = None,
-                 throughput: dict[str, tuple[float, float, float]] | None = None) -> Report:
+                 throughput: dict[str, tuple[float, float, float]] | None = None,
+                 reference: tuple[list[Any], str, str] | None = None) -> Report:
     """The report of ``sweep`` in ``out_dir``; with ``plan`` (an :class:`analysis.planned.Preregistration`), its
     planned contrasts first (a ValueError when the sweep lacks what they need, before anything is written), and
     ``answer`` (:func:`analysis.answer.answer_lines`) after them in the summary and the report; ``throughput`` (the
-    interleaved benchmark's ratios, :func:`analysis.answer.ratio_table`) is the frontier figure's y-axis."""
+    interleaved benchmark's ratios, :func:`analysis.answer.ratio_table`) is the frontier figure's y-axis;
+    ``reference`` (another design's planned results, its name and its runs' file) adds where the verdicts agree with
+    it (:mod:`analysis.agreement`) after the answer."""
     out_dir = Path(out_dir)
     per_run = run_metrics(sweep, target_loss)
     planned, planned_section = [], ""
@@ -108,6 +111,9 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
         from analysis.planned import planned_frame, planned_markdown, planned_results
 
         planned = planned_results(per_run, plan)
+        from analysis.agreement import with_agreement
+
+        answer = with_agreement(answer or (), planned, reference)
         planned_section = planned_markdown(planned, plan, plan_source)
         from analysis.per_sample import sample_sentences
 

@@ -14,6 +14,7 @@ listed too: the secondary comparison of the main job (each strategy at its own b
     python benchmarks/lr_sweep.py --write                # also rewrite its section of RESULTS.md
     python benchmarks/lr_sweep.py --lrs 1e-2,2e-2,4e-2   # another grid
     python benchmarks/lr_sweep.py --runs-dir DIR         # keep the runs (and reuse them when rerun)
+    python benchmarks/lr_sweep.py --experiment study_real --write   # the real-model study's lr (its own section)
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from results_file import cpu_model, stop_words, write_section  # noqa: E402
 TITLE = "## Learning rate of the main job (lr sweep on the validation split, own seeds)"
 METRICS = (("eval_loss", "validation loss", "{:.3f}"), ("eval_tau_real", "τ real", "{:.2f}"),
            ("clip_fraction", "clipped", "{:.0%}"))
+#: the sections of the other sweeps (--experiment)
+TITLES = {"study_real": "## Learning rate of the real-model study (SmolLM2 × ShareGPT; lr sweep on the validation split, "
+                        "own seeds)"}
 #: the tuning seeds: none of the main job's (pilot 0-2, confirmatory 100-107)
 TUNING_SEEDS = "200,201"
 
@@ -49,6 +53,9 @@ def chosen_lr(mean_loss: dict[float, float]) -> tuple[float, bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiment", default="strategies",
+                        help="the sweep whose settings the runs take (conf/experiment/NAME.yaml): strategies (the main "
+                             "job, default) or study_real (SmolLM2 x ShareGPT); each has its own section of RESULTS.md")
     parser.add_argument("--lrs", default="1e-2,2e-2,4e-2,8e-2", help="comma-separated learning rates")
     parser.add_argument("--strategies", default="sorted,packed", help="comma-separated strategies")
     parser.add_argument("--seeds", default=TUNING_SEEDS, help="comma-separated tuning seeds")
@@ -76,16 +83,17 @@ def main() -> None:
         for seed in seeds:  # seeds outermost, then the largest lr first
             for lr in sorted(lrs, reverse=True):
                 for strategy in strategies:
-                    overrides = ["experiment=strategies", f"strategy={strategy}", f"seed={seed}", f"optim.lr={lr}",
+                    overrides = [f"experiment={args.experiment}", f"strategy={strategy}", f"seed={seed}", f"optim.lr={lr}",
                                  "eval.split=validation", "logger=none", "trainer.progress=false", *args.override]
-                    run_dir = Path(scratch) / f"{strategy}-{lr}-s{seed}"
+                    run_dir = Path(scratch) / (f"{strategy}-{lr}-s{seed}" if args.experiment == "strategies"
+                                               else f"{args.experiment}-{strategy}-{lr}-s{seed}")
                     reused += (run_dir / "summary.json").exists()
                     summary = run(compose(overrides), run_dir)
                     assert summary["eval_split"] == "validation"
                     results[lr, strategy, seed] = summary
                     print(f"seed {seed} lr {lr:g} {strategy}: validation loss {summary['eval_loss']:.3f}, τ real "
                           f"{summary['eval_tau_real']:.2f}, clipped {summary['clip_fraction']:.0%}", flush=True)
-        config = compose(["experiment=strategies"])
+        config = compose([f"experiment={args.experiment}"])
     elapsed = time.time() - started
 
     def mean(lr: float, strategy: str, key: str) -> float:
@@ -103,24 +111,26 @@ def main() -> None:
                f"{chosen:g}, at the grid's edge: extend the grid (`--lrs`) before using it")
     own = "; ".join(f"{s} {best:g}" + ("" if ok else " (at the edge)") for s, (best, ok) in own_best.items())
     trainer, optim, data = config["trainer"], config["optim"], config["data"]
+    title = TITLE if args.experiment == "strategies" else TITLES[args.experiment]
     section = (
-        f"{TITLE}\n\n"
-        f"Command: `python benchmarks/lr_sweep.py --write` (lrs={args.lrs}, strategies={args.strategies}, "
+        f"{title}\n\n"
+        f"Command: `python benchmarks/lr_sweep.py --write` (experiment={args.experiment}, lrs={args.lrs}, "
+        f"strategies={args.strategies}, "
         f"seeds={args.seeds}" + "".join(f", --override {o}" for o in args.override)
         + f"). Machine: {cpu_model()}, {os.cpu_count()} cores, shared. Date: "
         f"{datetime.date.today().isoformat()}. Took {elapsed / 60:.1f} min"
         + (f" ({reused} of {len(results)} runs reused from --runs-dir)" if reused else "") + ".\n\n"
-        f"Each cell is the mean over the tuning seeds of runs of the main job's settings (`experiment=strategies`: "
+        f"Each cell is the mean over the tuning seeds of runs of the sweep's settings (`experiment={args.experiment}`: "
         f"regenerated completions, step_tokens={trainer['step_tokens']}, " + stop_words(trainer)
         + f", warmup {optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate, evaluated on "
         f"the validation split (data.validation_fraction={data['validation_fraction']:g} of the training rows, held "
         f"out of every run of the main job; never the test rows): validation loss / τ real / share of clipped steps. "
-        f"The learning rate of the lowest mean validation loss over strategies and seeds is the main job's, for "
+        f"The learning rate of the lowest mean validation loss over strategies and seeds is the sweep's, for "
         f"every strategy: {verdict}. Each strategy's own best: {own}.\n\n" + "\n".join(lines) + "\n"
     )
     print(section)
     if args.write:
-        write_section(section, TITLE)
+        write_section(section, title)
 
 
 if __name__ == "__main__":

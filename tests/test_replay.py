@@ -4,9 +4,10 @@ decoding, whose tokens equal plain greedy decoding."""
 from __future__ import annotations
 
 import pytest
+import torch
 from test_speculative import CheckingPartialOracle, OracleDrafter, models, random_prompts  # noqa: F401 (fixture)
 
-from harness.eval.replay import prepare_replay, replay_acceptance, replay_decode
+from harness.eval.replay import cached_replay, prepare_replay, replay_acceptance, replay_decode
 from harness.eval.speculative import evaluate_acceptance, greedy_decode, speculative_decode_batch
 
 
@@ -92,3 +93,27 @@ def test_a_run_that_replays_gets_the_real_acceptance_of_one_that_decodes_live(tm
 
     live = evaluations("live")
     assert len(live) >= 3 and evaluations("replay") == live
+
+
+def test_a_cached_replay_is_built_once_and_read_back_bit_for_bit(models, tmp_path):
+    """Every run of a sweep reads the target's side from the cache: the entry equals a fresh prepare_replay exactly,
+    a second run never builds the target, and other prompts, new tokens, taps or identity are another entry."""
+    target, drafter = models
+    prompts, taps = random_prompts(3, seed=2), list(drafter.target_layer_ids)
+    builds = []
+
+    def make_target():
+        builds.append(1)
+        return target
+
+    first = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
+    again = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
+    fresh = prepare_replay(target, prompts, 6, taps)
+    assert len(builds) == 1
+    for got in (first, again):
+        assert [(r.tokens, r.prompt_length) for r in got] == [(r.tokens, r.prompt_length) for r in fresh]
+        assert all(torch.equal(a, b) for r, f in zip(got, fresh) for a, b in zip(r.features, f.features))
+    for other in ((prompts[:2], 6, taps, {"target": "t"}), (prompts, 5, taps, {"target": "t"}),
+                  (prompts, 6, taps[:1], {"target": "t"}), (prompts, 6, taps, {"target": "u"})):
+        cached_replay(tmp_path, other[3], make_target, other[0], other[1], other[2])
+    assert len(builds) == 5

@@ -32,7 +32,7 @@ class DataConfig:
     Attributes:
         source: ``"stdlib"`` (the embedded corpus: this interpreter's standard library, split into
             top-level functions and classes), ``"stdlib-chat"`` (the same definitions as conversations,
-            :mod:`harness.data.chat_corpus`), a directory written by ``save_to_disk``, a ``.parquet``
+            :mod:`harness.data.chat.corpus`), a directory written by ``save_to_disk``, a ``.parquet``
             file or a ``.jsonl`` file with an ``input_ids`` column (and optionally ``loss_mask``).
         split: split of a saved ``DatasetDict`` (not needed when it has a single split).
         max_documents: seeded subset of the embedded corpus (``None``: all of it); applied before
@@ -55,7 +55,7 @@ class DataConfig:
         format: ``"auto"`` (conversations when the source has a ``messages`` or ``conversations`` column and
             no ``input_ids``, text when it has a ``text`` column and neither), ``"tokenized"`` (``input_ids`` +
             ``loss_mask``), ``"conversations"`` (OpenAI ``messages`` or ShareGPT ``conversations``,
-            :mod:`harness.data.chat`) or ``"text"`` (a ``text`` column, :mod:`harness.data.text_tokenize`).
+            :mod:`harness.data.chat.read`) or ``"text"`` (a ``text`` column, :mod:`harness.data.text_tokenize`).
         tokenizer: a local Hugging Face tokenizer directory or a ``.gguf`` file: conversations get its chat
             template, text and the embedded corpus its tokens (``None``: the target checkpoint's own when
             ``target.pretrained`` is one, else the embedded BPE, or the embedded chat tokenizer for
@@ -67,10 +67,17 @@ class DataConfig:
             content that is not text, no assistant turn, refused by the chat template) is reported with every
             other bad row in one message and nothing is tokenized (``"refuse"``), or left out and counted
             (``"drop"``).
+        max_rows: any source but the embedded corpus: a seeded subset (``subset_seed``) of this many rows, drawn
+            after the cut below and before the held-out split (``None``: every row).
+        max_length: any source but the embedded corpus: a longer row is cut at the end of its last supervised span
+            within this many tokens (inside its first span when none ends within it; dropped, and counted, when its
+            prompt alone fills it) (``None``: rows kept whole). :mod:`harness.data.subset`.
         completions: ``"corpus"`` (the data's own completions) or ``"regenerated"``: every prompt's
             completion regenerated greedily by the run's (pretrained) target before training, as the
             anchor trainers do, so that the drafter learns the target's distribution
             (``harness.eval.regenerate``, cached).
+        max_reply_tokens: with ``completions="regenerated"``: the cap on each regenerated completion or assistant
+            turn (else as long as the original; a turn also stops at the tokenizer's end of turn).
     """
 
     source: str = STDLIB_SOURCE
@@ -90,6 +97,9 @@ class DataConfig:
     tokenizer: str | None = None
     incomplete: str = "trim"
     bad_rows: str = "refuse"
+    max_rows: int | None = None
+    max_length: int | None = None
+    max_reply_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name, choices in (("format", FORMATS), ("incomplete", INCOMPLETE_CHOICES),
@@ -112,6 +122,13 @@ class DataConfig:
             raise DataConfigError(f"data.split={self.split!r}: give a split name such as 'train', or null")
         _check_int("max_documents", self.max_documents, allow_none=True, minimum=1)
         _check_int("subset_seed", self.subset_seed, minimum=0)
+        _check_int("max_reply_tokens", self.max_reply_tokens, minimum=1)
+        _check_int("max_rows", self.max_rows, allow_none=True, minimum=1, why="null keeps every row")
+        _check_int("max_length", self.max_length, allow_none=True, minimum=2, why="null keeps rows whole")
+        for name in ("max_rows", "max_length"):
+            if getattr(self, name) is not None and self.source in (STDLIB_SOURCE, STDLIB_CHAT_SOURCE, "bundled"):
+                raise DataConfigError(f"data.{name}={getattr(self, name)} applies to your own data, not to "
+                                      f"data.source={self.source!r} (use data.max_documents there); set it to null")
         _check_int("vocab_size", self.vocab_size, minimum=MIN_VOCAB_SIZE,
                    why=f"a byte-level BPE needs at least {MIN_VOCAB_SIZE} tokens (256 bytes + 2 special)")
         _check_fraction("heldout_fraction", self.heldout_fraction, example=0.05, zero="0 holds nothing out")

@@ -148,7 +148,7 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
         tokenizer = train_tokenizer(texts, cfg.vocab_size)
         vocab_size = tokenizer.get_vocab_size()
     else:  # data.tokenizer (a target checkpoint's own, by default): its fast tokenizer's backend encodes the same way
-        from harness.data.chat_tokenize import load_hf_tokenizer
+        from harness.data.chat.encode import load_hf_tokenizer
 
         given = load_hf_tokenizer(cfg.tokenizer)
         tokenizer, vocab_size = given.backend_tokenizer, len(given)

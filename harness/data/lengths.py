@@ -142,8 +142,8 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
     """
     if tokenizer is None:
         return load_lengths(source, column=column, split=split, progress=progress), ""
-    from harness.data.chat import SCHEMAS
-    from harness.data.chat_tokenize import conversation_lengths
+    from harness.data.chat.read import SCHEMAS
+    from harness.data.chat.encode import conversation_lengths
     from harness.data.config import DataConfig
     from harness.data.sources import column_names, detected_format
     from harness.data.text_tokenize import TEXT_COLUMN, text_lengths

@@ -192,6 +192,13 @@ def load_samples(
             tokenizer_path=loaded.tokenizer_path,
             vocab_size=loaded.vocab_size,
         )
+        if cfg.max_rows is not None or cfg.max_length is not None:
+            from harness.data.subset import cut_subset
+
+            dataset, words, key = cut_subset(samples, cfg)
+            samples = TokenizedSamples(dataset=dataset, lengths=_lengths(dataset), source=f"{samples.source}; {words}",
+                                       fingerprint=key, tokenizer_path=samples.tokenizer_path,
+                                       vocab_size=samples.vocab_size)
     return samples
 
 

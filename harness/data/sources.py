@@ -64,7 +64,7 @@ def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
     """Open ``cfg.source`` (not the embedded corpus) as a memory-mapped ``datasets.Dataset``; conversations are
     tokenized with their chat template first (cached)."""
     if cfg.source == STDLIB_CHAT_SOURCE:
-        from harness.data.chat_corpus import stdlib_chat
+        from harness.data.chat.corpus import stdlib_chat
 
         conversations, tokenizer, _ = stdlib_chat(cfg, progress=progress)
         return _load_conversations(conversations, cfg, progress, tokenizer=cfg.tokenizer or str(tokenizer))
@@ -128,7 +128,7 @@ def _format_of(path: Path, cfg: DataConfig) -> str | None:
 def detected_format(names: list[str]) -> str | None:
     """What ``data.format=auto`` takes a source with these columns for: ``tokenized`` (it has ``input_ids``),
     ``conversations`` (a conversation column), ``text`` (a ``text`` column), in that order; None: none of them."""
-    from harness.data.chat import conversation_column
+    from harness.data.chat.read import conversation_column
     from harness.data.text_tokenize import has_text_column
 
     if "input_ids" in names:
@@ -154,7 +154,7 @@ def column_names(path: Path, split: str | None) -> list[str] | None:
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).schema_arrow.names
-        from harness.data.chat import first_array_element, is_json_array
+        from harness.data.chat.read import first_array_element, is_json_array
 
         if is_json_array(path):  # a JSON array (ShareGPT's own files): its first element's keys
             record = first_array_element(path)
@@ -168,7 +168,7 @@ def column_names(path: Path, split: str | None) -> list[str] | None:
 
 
 def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: str | None) -> LoadedSource:
-    from harness.data.chat_tokenize import tokenized_conversations
+    from harness.data.chat.encode import tokenized_conversations
 
     if tokenizer is None:
         raise DataSourceError(

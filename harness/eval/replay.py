@@ -17,11 +17,14 @@ target's forward, the costly part, runs once per run instead of once per round p
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from harness.data import cache
 
 from harness.eval.speculative import (
     SpeculativeResult,
@@ -32,7 +35,7 @@ from harness.eval.speculative import (
     acceptance_summary,
 )
 
-__all__ = ["ReplayPrompt", "prepare_replay", "replay_acceptance", "replay_decode"]
+__all__ = ["ReplayPrompt", "cached_replay", "prepare_replay", "replay_acceptance", "replay_decode"]
 
 
 @dataclass
@@ -66,6 +69,31 @@ def prepare_replay(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens
             out.extend(ReplayPrompt(sequence, len(checked[r]), [f[row, :len(sequence)] for f in features])
                        for row, (r, sequence) in enumerate(zip(rows, sequences)))
     return out
+
+
+#: the cache entries of :func:`cached_replay` (``replay-<key>``) and the file inside one
+REPLAY_PREFIX = "replay"
+REPLAY_FILE = "replay.pt"
+
+
+def cached_replay(cache_dir: Path, identity: dict[str, Any], target: Callable[[], Any], prompts: Sequence[Sequence[int]],
+                  max_new_tokens: int, tap_layer_ids: Sequence[int], **options: Any) -> list[ReplayPrompt]:
+    """:func:`prepare_replay` once for every run that asks the same: built into the batchlab cache (atomic, under its
+    lock) and read back by the next run. ``identity`` names everything the target's side depends on besides the
+    prompts, tokens and taps (the target's checkpoint or config, dtype, device, kernels); ``target()`` gives the
+    target, called only on a miss."""
+    key = cache.digest({"target": identity, "prompts": [[int(t) for t in p] for p in prompts],
+                        "max_new_tokens": int(max_new_tokens), "taps": [int(t) for t in tap_layer_ids],
+                        "options": {k: v for k, v in options.items()}, "version": 1})
+
+    def build(tmp: Path) -> dict[str, Any]:
+        replay = prepare_replay(target(), prompts, max_new_tokens, tap_layer_ids, **options)
+        torch.save([(r.tokens, r.prompt_length, [f.cpu() for f in r.features]) for r in replay], tmp / REPLAY_FILE)
+        return {"prompts": len(replay), "max_new_tokens": int(max_new_tokens)}
+
+    entry, _, _ = cache.ensure_entry(Path(cache_dir), REPLAY_PREFIX, key, build)
+    return [ReplayPrompt(tokens, length, features)
+            for tokens, length, features in torch.load(entry / REPLAY_FILE, weights_only=True)]
 
 
 def replay_decode(drafter: Any, prompts: Sequence[ReplayPrompt], max_new_tokens: int,

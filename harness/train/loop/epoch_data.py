@@ -58,6 +58,10 @@ class Selection:
     # data.validation_fraction's rows (never trained on)
     validation_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
+    def eval_rows(self, split: str) -> np.ndarray:
+        """The rows ``eval.split`` evaluates: the held-out ones, or the validation ones."""
+        return self.validation_rows if split == "validation" else self.heldout_rows
+
     def words(self) -> str:
         """``92 of 114 training samples used (9 without a position to anchor a block, 13 over
         trainer.max_tokens=1024 dropped)``."""

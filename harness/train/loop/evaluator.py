@@ -39,7 +39,8 @@ EVALUATED_ROWS = {"heldout": "held-out", "validation": "validation"}
 class Evaluator:
     def __init__(self, *, data: Any, collate: BatchCollator, model: Any, comm: Any, status: Any,
                  eval_config: Any, gdn_backend: str, device: torch.device, progress: bool = False,
-                 run_dir: Path | None = None, resumed_step: int | None = None) -> None:
+                 run_dir: Path | None = None, resumed_step: int | None = None,
+                 replay_cache: tuple[Path, dict[str, Any]] | None = None, feature_store: Any = None) -> None:
         self.data = data
         self.collate = collate
         self.model = model
@@ -51,6 +52,11 @@ class Evaluator:
         self.progress = progress  # a bar of its own while it runs (the training bar stands still meanwhile)
         self._real_prompts: list | None = None
         self._replay: list | None = None  # eval.real_replay: this rank's prompts, the target's side cached
+        # (cache directory, the target's identity): the target's side kept in the batchlab cache for every run
+        # that replays the same prompts against the same target (None: computed by each run)
+        self.replay_cache = replay_cache
+        # eval.target_features=cached: the evaluated rows' features read from the cache (FeatureStore), not computed
+        self.feature_store = feature_store
         # rank 0 writes the per-sample lines (a resumed run drops those after its checkpoint, a fresh one starts anew)
         self.samples_path = (Path(run_dir) / EVAL_SAMPLES_FILE
                              if run_dir is not None and comm.env.is_main and eval_config.per_sample else None)
@@ -123,7 +129,11 @@ class Evaluator:
         for item in range(len(dataset)):
             batch = dataset[item].to(self.device)
             if not batch.empty:
-                features = target(batch.tokens, gdn_backend=self.gdn_backend, tap_layer_ids=drafter.target_layer_ids)
+                if self.feature_store is not None:
+                    features = self.feature_store.batch_features(batch, self.device, target.dtype)
+                else:
+                    features = target(batch.tokens, gdn_backend=self.gdn_backend,
+                                      tap_layer_ids=drafter.target_layer_ids)
                 with self.model.autocast():
                     blocks = drafter.prepared_block_losses(batch.drafter,
                                                            drafter.forward_prepared(batch.drafter, features))
@@ -167,11 +177,15 @@ class Evaluator:
         if mine:
             with self.model.autocast():
                 if settings.real_replay:  # the target's part once per run, then the drafter alone
-                    from harness.eval.replay import prepare_replay, replay_acceptance
+                    from harness.eval.replay import cached_replay, prepare_replay, replay_acceptance
 
-                    if self._replay is None:
-                        self._replay = prepare_replay(self.model.target, mine, settings.real_new_tokens,
-                                                      self.model.drafter.target_layer_ids,
+                    taps = self.model.drafter.target_layer_ids
+                    if self._replay is None and self.replay_cache is not None:
+                        cache_dir, identity = self.replay_cache
+                        self._replay = cached_replay(cache_dir, identity, lambda: self.model.target, mine,
+                                                     settings.real_new_tokens, taps, gdn_backend=self.gdn_backend)
+                    elif self._replay is None:
+                        self._replay = prepare_replay(self.model.target, mine, settings.real_new_tokens, taps,
                                                       gdn_backend=self.gdn_backend)
                     result = replay_acceptance(self.model.drafter, self._replay, settings.real_new_tokens)
                 else:

@@ -33,6 +33,7 @@ def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrup
         "dropped_no_anchor": int(data.train_report.dropped_no_anchor.size),
         "dropped_oversize": data.oversize_dropped, "truncated_oversize": data.oversize_truncated,
         "data_fingerprint": data.samples.fingerprint, "plan_fingerprint": data.fingerprint,
+        "target": target_name(config.target.pretrained),
     }
     summary.update(state.last_eval)
     summary.update(extra)
@@ -41,3 +42,24 @@ def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrup
         if records:
             summary.update(step_averages(records))
     return summary
+
+
+def target_name(pretrained: str | None) -> str:
+    """The target a run trained against, in a few words (runs.csv's ``target`` column): a GGUF file's name, a
+    checkpoint directory's name and model type, the embedded default's shipped hybrid, or a random-weight hybrid."""
+    import json
+
+    from harness.data import bundled
+
+    if not pretrained:
+        return "hybrid, random weights"
+    if pretrained == "embedded":  # harness.train.rank_models.EMBEDDED_TARGET (not imported: it pulls the models in)
+        return "tiny hybrid pretrained on the embedded corpus"
+    path = Path(pretrained)
+    if path.suffix.lower() == ".gguf":
+        return path.stem
+    if path.resolve() == bundled.target_dir().resolve():
+        return "tiny hybrid (bundled)"
+    config = path / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type", "?") if config.is_file() else "?"
+    return f"{path.name} ({model_type})"

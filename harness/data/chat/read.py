@@ -12,7 +12,9 @@ Every problem is named by row (and turn) with its fix: an unknown role, an empty
 text, no assistant turn, a turn that is not an object, a line that is not JSON. The whole source is read
 once and every bad row is reported together (:class:`BadRows`: a count per kind and the first few of each),
 then ``data.bad_rows`` decides: ``refuse`` (the default: nothing is tokenized) or ``drop`` (left out,
-counted). A conversation that does not end with an assistant turn follows ``data.incomplete``: ``trim``
+counted). An assistant turn before the conversation's first user turn answers no prompt (ShareGPT V3's pieces of a
+longer conversation often start so): it is dropped from the conversation, which is counted (SpecForge drops it too).
+A conversation that does not end with an assistant turn follows ``data.incomplete``: ``trim``
 (drop the turns after the last assistant turn, counted), ``drop`` (leave the conversation out, counted; one
 with no assistant turn at all too) or ``error`` (a bad row). Nothing is dropped silently: :class:`ChatRows`
 counts every conversation trimmed or left out, and why.
@@ -102,6 +104,7 @@ class ChatRows:
 
     rows: list[tuple[str, list[dict[str, str]]]] = field(default_factory=list)  # (row 3 / line 4, turns)
     trimmed: int = 0  # conversations whose trailing non-assistant turns were dropped (data.incomplete=trim)
+    unprompted: int = 0  # conversations whose assistant turns before the first user turn were dropped
     dropped: int = 0  # conversations left out (data.incomplete=drop)
     schema: str = ""
     bad: BadRows = field(default_factory=BadRows)  # bad rows found (left out under data.bad_rows=drop)
@@ -109,9 +112,10 @@ class ChatRows:
     notes: list[str] = field(default_factory=list)  # what the reader had to say (a JSON array cut off mid-file)
 
     def words(self) -> str:
-        changed = [f"{count} {what}" for count, what in ((self.trimmed, "trimmed after their last assistant turn"),
-                                                          (self.dropped, "without a final assistant turn dropped"))
-                   if count]
+        changed = [f"{count} {what}" for count, what in (
+            (self.unprompted, "with their assistant turns before the first user turn dropped"),
+            (self.trimmed, "trimmed after their last assistant turn"),
+            (self.dropped, "without a final assistant turn dropped")) if count]
         if self.bad.total:
             changed.append(f"{self.bad.total} bad dropped ({self.bad.words()})")
         return (f"{len(self.rows)} conversations ({self.schema})" + (f", {', '.join(changed)}" if changed else "")
@@ -144,6 +148,9 @@ def read_conversations(path: Path, split: str | None, incomplete: str, bad_rows:
             if isinstance(value, BadRow):  # the row itself could not be read
                 raise value
             turns = normalise(value, f"{path}: {where}", column)
+            prompted = unprompted_replies_dropped(turns)
+            out.unprompted += int(len(prompted) < len(turns))
+            turns = prompted
             kept = _checked(turns, f"{path}: {where}", incomplete)
         except BadRow as problem:
             out.bad.add(problem)
@@ -161,6 +168,12 @@ def read_conversations(path: Path, split: str | None, incomplete: str, bad_rows:
     return out
 
 
+def unprompted_replies_dropped(turns: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``turns`` without the assistant turns that come before the first user turn (a system turn stays)."""
+    first_user = next((i for i, turn in enumerate(turns) if turn["role"] == "user"), len(turns))
+    return [turn for i, turn in enumerate(turns) if i >= first_user or turn["role"] != "assistant"]
+
+
 def _checked(turns: list[dict[str, str]], where: str, incomplete: str) -> list[dict[str, str]] | None:
     """``turns`` ending with an assistant reply (trimmed after it under ``data.incomplete=trim``); None: dropped
     (``data.incomplete=drop``); a :class:`BadRow` when there is no reply to train on, or it must end with one."""
@@ -170,7 +183,8 @@ def _checked(turns: list[dict[str, str]], where: str, incomplete: str) -> list[d
     if incomplete == "drop":
         return None
     if last_assistant is None:
-        raise BadRow(NO_ASSISTANT, f"{where}: no assistant turn, so nothing to train on; give each conversation at "
+        raise BadRow(NO_ASSISTANT, f"{where}: no assistant turn answering a user turn, so nothing to train on; "
+                                   "give each conversation at "
                                    "least one assistant reply, remove the row, or set data.incomplete=drop")
     if incomplete == "error":
         raise BadRow(UNFINISHED, f"{where}: ends with a {turns[-1]['role']} turn, not an assistant reply; set "

@@ -14,7 +14,7 @@ tokenizes turn by turn). Which method was used is recorded (:attr:`ChatTokenizer
 The result is cached like the other sources: one Arrow file of ``input_ids`` and ``loss_mask``, keyed by
 the conversations' file, the tokenizer's files (its template included), ``data.incomplete`` and
 ``data.bad_rows``. A conversation the template refuses (e.g. roles that do not alternate) is a bad row
-like those :mod:`harness.data.chat` finds: all of them are reported together, or dropped and counted.
+like those :mod:`harness.data.chat.read` finds: all of them are reported together, or dropped and counted.
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ import numpy as np
 from jinja2 import TemplateError
 
 from harness.data import cache
-from harness.data.chat import (
+from harness.data.chat.read import (
     TEMPLATE_REFUSED,
     BadRow,
     ConversationError,
     read_conversations,
 )
 
-FORMAT_VERSION = 3  # 2: bad rows reported together, or dropped (data.bad_rows); 3: batched, GGUF tokenizers
+FORMAT_VERSION = 4  # 2: bad rows reported together, or dropped (data.bad_rows); 3: batched, GGUF tokenizers;
+# 4: assistant turns before the first user turn dropped
 PREFIX = "chat"
 DATA_FILE = "data.arrow"
 MARKERS = "generation markers"
@@ -347,7 +348,7 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
         if not id_parts:
             raise ConversationError(f"{path}: no conversation is left ({conversations.words()})")
         write_samples(tmp / DATA_FILE, id_parts, mask_parts)
-        return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed,
+        return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed, "unprompted": conversations.unprompted,
                 "bad": conversations.bad.counts,
                 "dropped": conversations.dropped, "schema": conversations.schema, "mask": chat.method,
                 "tokenizer": str(chat.path), "vocab_size": chat.vocab_size, "words": conversations.words()}

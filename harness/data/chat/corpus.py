@@ -7,7 +7,7 @@ a second question), so multi-turn masks are exercised. The tokenizer is the embe
 (trained with ``data.vocab_size - 2`` tokens) plus the two ChatML markers, in a Hugging Face
 tokenizer directory whose chat template has ``{% generation %}`` markers and refuses turns that do not
 alternate: the conversations then go through the same ``apply_chat_template`` path as a user's own
-(:mod:`harness.data.chat_tokenize`). ``data.vocab_size`` is the chat tokenizer's whole vocabulary.
+(:mod:`harness.data.chat.encode`). ``data.vocab_size`` is the chat tokenizer's whole vocabulary.
 """
 
 from __future__ import annotations

@@ -148,9 +148,18 @@ def test_an_encoder_is_refused_naming_what_it_is(tmp_path):
         prepared_config(compose_run_config([f"target.pretrained={tmp_path / 'none'}", "logger=none"]))
 
 
-def test_smollm2_gguf_loads_as_the_target_where_installed():
+def test_smollm2_gguf_loads_as_the_target_where_installed(batchlab_cache):
+    from transformers import AutoModelForCausalLM
+
+    from harness.models.causal_lm_target import dequantized
+
     gguf = real_file("smollm2", gguf_reader=True)
-    target = load_target(gguf, tap_layer_ids=[1, 15, 28])
+    target = load_target(gguf, tap_layer_ids=[1, 15, 28])  # read from its de-quantized copy in the cache
+    assert dequantized(gguf).parent.parent == batchlab_cache
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                  local_files_only=True).state_dict()
+    cached = target.model.state_dict()
+    assert sorted(cached) == sorted(direct) and all(torch.equal(cached[k], direct[k]) for k in direct)  # exact
     assert isinstance(target, CausalLMTarget) and (target.num_layers, target.hidden_size) == (30, 576)
     assert target.embed_tokens.num_embeddings == 49152
     features = target(TokenBatch.from_documents([torch.tensor([1, 504, 3458, 282, 4649, 314])], "packed"))

@@ -101,9 +101,49 @@ def checkpoint_vocab_size(path: str | Path) -> int:
         return int(load_target_config(path).vocab_size)
     from transformers import AutoConfig
 
-    config = (AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True) if is_gguf(path)
-              else AutoConfig.from_pretrained(path, local_files_only=True))
+    config = AutoConfig.from_pretrained(dequantized(path) if is_gguf(path) else path, local_files_only=True)
     return int(config.get_text_config().vocab_size if hasattr(config, "get_text_config") else config.vocab_size)
+
+
+#: the cache entries of :func:`dequantized` (``gguf-<key>``) and the checkpoint directory inside one
+GGUF_PREFIX = "gguf"
+GGUF_CHECKPOINT = "checkpoint"
+
+
+def dequantized(path: str | Path) -> Path:
+    """A GGUF file's model de-quantized to fp32 once, as a local safetensors checkpoint in the batchlab cache
+    (``$BATCHLAB_CACHE`` or ``~/.cache/batchlab``; keyed by the file's path, size and time; atomic): every later
+    load reads it instead of parsing the GGUF file again (transformers parses its metadata, tokenizer included,
+    for the config and again for the weights: about 3 s each on 2 cores, five times in a run). The weights are
+    the same fp32 values a direct load gives; a run casts them to its dtype."""
+    import os
+
+    from harness.data import cache
+    from harness.data.config import CACHE_ENV
+
+    path = Path(path).expanduser().resolve()
+    cache_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "batchlab").expanduser()
+    key = cache.digest({"gguf": cache.path_signature(path), "version": 1})
+
+    def build(tmp: Path) -> dict:
+        from transformers import AutoModelForCausalLM
+
+        from safetensors.torch import save_model
+
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                     local_files_only=True)
+        # save_pretrained refuses a model loaded from GGUF (marked quantized although de-quantized): its config
+        # without the GGUF marks, and its tensors (tied ones once) in the file from_pretrained reads
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        target = tmp / GGUF_CHECKPOINT
+        target.mkdir()
+        (target / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        save_model(model, str(target / "model.safetensors"), metadata={"format": "pt"})
+        return {"gguf": str(path)}
+
+    entry, _, _ = cache.ensure_entry(cache_dir, GGUF_PREFIX, key, build)
+    return entry / GGUF_CHECKPOINT
 
 
 class CausalLMTarget(nn.Module):
@@ -224,9 +264,8 @@ class CausalLMTarget(nn.Module):
         device = torch.device(device if device is not None else "cpu")
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        source = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name} if is_gguf(path) else {
-            "pretrained_model_name_or_path": str(path)}
-        model = AutoModelForCausalLM.from_pretrained(**source, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(dequantized(path) if is_gguf(path) else path), dtype=dtype,
+                                                     local_files_only=True)
         return cls(model.to(device), tap_layer_ids=tap_layer_ids, num_draft_layers=num_draft_layers)
 
 

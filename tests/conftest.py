@@ -52,3 +52,20 @@ def batchlab_cache(tmp_path_factory):
         os.environ.pop("BATCHLAB_CACHE", None)
     else:
         os.environ["BATCHLAB_CACHE"] = previous
+
+
+# ---------------------------------------------------------------- scheduling
+
+#: the modules that take longest on 2 cores (`make test`'s --durations, 2026-12-06), longest first: collected first,
+#: so that pytest-xdist (--dist loadscope hands out modules in collection order) starts them early and the suite
+#: does not end on one of them while the other worker idles (longest-processing-time-first scheduling)
+SLOWEST_MODULES = (
+    "test_train_elastic_resume.py", "test_train_launch.py", "test_study_real.py", "test_eval_samples.py",
+    "test_train_disaggregated.py", "test_train_resume.py", "test_train_runs.py", "test_replay.py", "test_advise.py",
+    "test_causal_lm_target.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: position for position, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order is kept

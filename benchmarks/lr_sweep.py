@@ -124,7 +124,7 @@ def main() -> None:
         f"regenerated completions, step_tokens={trainer['step_tokens']}, " + stop_words(trainer)
         + f", warmup {optim['warmup_fraction']:.0%}, clip {optim['grad_clip']:g}) at that learning rate, evaluated on "
         f"the validation split (data.validation_fraction={data['validation_fraction']:g} of the training rows, held "
-        f"out of every run of the main job; never the test rows): validation loss / τ real / share of clipped steps. "
+        f"out of every run of the sweep; never the test rows): validation loss / τ real / share of clipped steps. "
         f"The learning rate of the lowest mean validation loss over strategies and seeds is the sweep's, for "
         f"every strategy: {verdict}. Each strategy's own best: {own}.\n\n" + "\n".join(lines) + "\n"
     )

@@ -54,7 +54,7 @@ def main() -> None:
         evals = [r for r in map(json.loads, (arm_dir(args.runs_dir, name) / "metrics.jsonl").read_text().splitlines())
                  if "eval_loss" in r]
         last = evals[-1]
-        rows.append(f"| {name} | {summary['train_time_s']:.0f} | {summary['wall_time_s']:.0f} | {last['eval_loss']:.3f} | "
+        rows.append(f"| {name} | {summary['train_time_s']:.0f} | {last['eval_loss']:.3f} | "
                     f"{last['eval_tau']:.3f} | {last['eval_tau_real']:.3f} | {last['eval_accuracy_per_position'][0]:.0%} | "
                     f"{last['eval_draft_vocab_miss_rate']:.1%} |")
         print(rows[-1], flush=True)
@@ -62,13 +62,12 @@ def main() -> None:
         f"{TITLE}\n\nCommand: `python benchmarks/study_sizing.py --runs-dir DIR --write` · machine: {cpu_model()}, "
         f"{os.cpu_count()} cores, shared · date: {datetime.date.today().isoformat()}.\n\n"
         f"Each arm is one run of `{' '.join(BASE)}` with the arm's drafter block size, loss decay and learning rate "
-        "(600 ShareGPT conversations, 455 training rows, 86,373 tokens an epoch; 50 validation rows). Train and wall "
-        "seconds (wall: the run's own, with its evaluations; the data, features and continuations came from the cache), "
-        "then the last evaluation: validation loss per block (its weights depend on the block size: compare within a "
-        "block size), τ and τ real (against SmolLM2's greedy continuations of 64 validation prompts x 32 tokens), the "
+        "(600 ShareGPT conversations, 455 training rows, 86,373 tokens an epoch; 50 validation rows). The run's training "
+        "seconds (its steps alone; the arms ran one at a time), then the last evaluation: validation loss per block "
+        "(its weights depend on the block size: compare within a block size), τ and τ real (against SmolLM2's greedy continuations of 64 validation prompts x 32 tokens), the "
         "first drafted slot's accuracy and the share of labels outside the 8,192-token draft vocabulary.\n\n"
-        "| arm | train s | wall s | validation loss | τ | τ real | slot-1 accuracy | draft-vocab misses |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n")
+        "| arm | train s | validation loss | τ | τ real | slot-1 accuracy | draft-vocab misses |\n"
+        "|---|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n")
     print(section)
     if args.write:
         write_section(section, TITLE)

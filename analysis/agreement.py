@@ -4,8 +4,9 @@ embedded default's main job, contrast by contrast.
 Both designs declare the same planned contrasts (``conf/preregistration/study_real.yaml`` and ``strategies.yaml``).
 For each contrast the two verdicts (better / worse / no difference found / equivalent / not equivalent /
 inconclusive, :mod:`analysis.planned`) are set side by side with their effects and intervals; they *agree* when the
-verdicts are the same (an inconclusive one whatever seeds it would need), and otherwise the line says which way each went. The effects are in each design's own units
-(nats of its own held-out loss): their sizes are not compared, only their verdicts and signs.
+verdicts are the same (an inconclusive one whatever seeds it would need), and otherwise the line says which way
+each went. The effects are in each design's own units (nats of its own held-out loss): their sizes are not compared,
+only their verdicts and signs.
 """
 
 from __future__ import annotations
@@ -25,15 +26,20 @@ def _effect(result: PlannedResult) -> str:
     return f"{result.verdict}, {result.mean_difference:+.3f} [{low:+.3f}, {high:+.3f}] over {len(result.seeds)} seeds"
 
 
+def _paired(results: Sequence[PlannedResult],
+            reference: Sequence[PlannedResult]) -> list[tuple[PlannedResult, PlannedResult | None]]:
+    """Each result with the reference's result for the same contrast (None when the reference lacks it)."""
+    by_contrast = {(r.contrast.a, r.contrast.b, r.contrast.kind): r for r in reference}
+    return [(r, by_contrast.get((r.contrast.a, r.contrast.b, r.contrast.kind))) for r in results]
+
+
 def agreement_lines(results: Sequence[PlannedResult], reference: Sequence[PlannedResult], name: str,
                     reference_name: str) -> list[str]:
     """One line per contrast of ``results`` (this design, called ``name``): its verdict and the ``reference``
     design's for the same contrast, and whether they agree; a contrast the reference lacks says so."""
-    by_contrast = {(r.contrast.a, r.contrast.b, r.contrast.kind): r for r in reference}
     lines = []
-    for result in results:
+    for result, other in _paired(results, reference):
         c = result.contrast
-        other = by_contrast.get((c.a, c.b, c.kind))
         if other is None:
             lines.append(f"{c.a} vs {c.b} ({c.kind}): {name} {_effect(result)}; not a contrast of {reference_name}.")
             continue
@@ -46,8 +52,7 @@ def agreement_lines(results: Sequence[PlannedResult], reference: Sequence[Planne
 def agreement_section(results: Sequence[PlannedResult], reference: Sequence[PlannedResult], name: str,
                       reference_name: str, source: str) -> list[str]:
     """The summary's lines: a heading sentence naming the reference's runs, then :func:`agreement_lines`."""
-    agree = sum(verdict_kind(r) == verdict_kind(o) for r in results for o in reference
-                if (r.contrast.a, r.contrast.b, r.contrast.kind) == (o.contrast.a, o.contrast.b, o.contrast.kind))
+    agree = sum(o is not None and verdict_kind(r) == verdict_kind(o) for r, o in _paired(results, reference))
     head = (f"Against {reference_name} (its runs: `{source}`), the verdicts agree on {agree} of "
             f"{len(results)} planned contrasts (effects in each design's own nats; only verdicts are compared):")
     return [head, ""] + [f"- {line}" for line in agreement_lines(results, reference, name, reference_name)]

@@ -108,11 +108,10 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     per_run = run_metrics(sweep, target_loss)
     planned, planned_section = [], ""
     if plan is not None:
+        from analysis.agreement import with_agreement
         from analysis.planned import planned_frame, planned_markdown, planned_results
 
         planned = planned_results(per_run, plan)
-        from analysis.agreement import with_agreement
-
         answer = with_agreement(answer or (), planned, reference)
         planned_section = planned_markdown(planned, plan, plan_source)
         from analysis.per_sample import sample_sentences

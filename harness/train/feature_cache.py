@@ -160,3 +160,13 @@ class FeatureStore:
         tensor = torch.from_numpy(joined).to(device=device, dtype=dtype)
         hidden = width // len(self.taps)
         return TargetFeatures(self.taps, [tensor[..., i * hidden:(i + 1) * hidden] for i in range(len(self.taps))])
+
+
+def feature_store(config: Any, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
+                  taps: list[int]) -> FeatureStore:
+    """The cache entry of ``rows``' features (built first when missing, by ``make_target()``'s target) read back,
+    checked to hold the drafter's layers ``taps``."""
+    entry, meta, _ = ensure_feature_cache(config, samples, rows, make_target)
+    if meta["taps"] != list(taps):
+        raise ValueError(f"the feature cache {entry} holds layers {meta['taps']}, the drafter reads {list(taps)}")
+    return FeatureStore(entry, taps)

@@ -348,8 +348,8 @@ def tokenized_conversations(path: Path, split: str | None, tokenizer_dir: str | 
         if not id_parts:
             raise ConversationError(f"{path}: no conversation is left ({conversations.words()})")
         write_samples(tmp / DATA_FILE, id_parts, mask_parts)
-        return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed, "unprompted": conversations.unprompted,
-                "bad": conversations.bad.counts,
+        return {"source": str(path), "rows": len(id_parts), "trimmed": conversations.trimmed,
+                "unprompted": conversations.unprompted, "bad": conversations.bad.counts,
                 "dropped": conversations.dropped, "schema": conversations.schema, "mask": chat.method,
                 "tokenizer": str(chat.path), "vocab_size": chat.vocab_size, "words": conversations.words()}
 

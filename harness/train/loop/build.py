@@ -94,13 +94,10 @@ def build_trainer(config: RunConfig, run_dir: str | Path, placement: Placement,
 def eval_feature_store(config: RunConfig, data: EpochData, model: DrafterModel) -> Any:
     """``eval.target_features=cached``: the evaluated rows' target features, built before the ranks started
     (:func:`harness.train.launch.run.run`), read from the cache."""
-    from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+    from harness.train.feature_cache import feature_store
 
-    taps = list(model.drafter.target_layer_ids)
-    entry, meta, _ = ensure_feature_cache(config, data.samples, data.eval_rows, lambda: model.target)
-    if meta["taps"] != taps:
-        raise ValueError(f"the feature cache {entry} holds layers {meta['taps']}, the drafter reads {taps}")
-    return FeatureStore(entry, taps)
+    return feature_store(config, data.samples, data.eval_rows, lambda: model.target,
+                         list(model.drafter.target_layer_ids))
 
 
 def replay_cache(config: RunConfig, device: torch.device) -> tuple[Path, dict[str, Any]]:

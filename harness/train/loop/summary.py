@@ -50,13 +50,15 @@ def target_name(pretrained: str | None) -> str:
     import json
 
     from harness.data import bundled
+    from harness.models.causal_lm_target import is_gguf
+    from harness.train.rank_models import EMBEDDED_TARGET
 
     if not pretrained:
         return "hybrid, random weights"
-    if pretrained == "embedded":  # harness.train.rank_models.EMBEDDED_TARGET (not imported: it pulls the models in)
+    if pretrained == EMBEDDED_TARGET:
         return "tiny hybrid pretrained on the embedded corpus"
     path = Path(pretrained)
-    if path.suffix.lower() == ".gguf":
+    if is_gguf(path):
         return path.stem
     if path.resolve() == bundled.target_dir().resolve():
         return "tiny hybrid (bundled)"

@@ -128,14 +128,10 @@ class CachedFeatures(LocalTarget):
 
     def __init__(self, inputs: SourceInputs) -> None:
         super().__init__(inputs)
-        from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+        from harness.train.feature_cache import feature_store
 
-        entry, meta, _ = ensure_feature_cache(inputs.config, inputs.collate.samples, inputs.rows,
-                                              lambda: inputs.target)
-        if meta["taps"] != list(inputs.tap_layer_ids):
-            raise ValueError(f"the feature cache {entry} holds layers {meta['taps']}, the drafter reads "
-                             f"{list(inputs.tap_layer_ids)}")
-        self.store = FeatureStore(entry, inputs.tap_layer_ids)
+        self.store = feature_store(inputs.config, inputs.collate.samples, inputs.rows, lambda: inputs.target,
+                                   inputs.tap_layer_ids)
 
     def features(self, batch: TrainingBatch, step: int) -> TargetFeatures | None:
         if batch.empty:

@@ -86,6 +86,8 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
     seeds = sorted(int(s) for s in per_run["seed"].unique())
     counts = sorted(set(table["seeds"]))
     over = f"{counts[0]} seeds" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} seeds"
+    if opening and opening[-1]:  # a table must not run on from the list before it (Markdown joins them)
+        opening.append("")
     lines = [*opening, md_table(list(formatted.columns), formatted.astype(str).values.tolist()), "",
              f"(mean ± s.d. over {over}, seeds {', '.join(map(str, seeds))}; × {reference} = ratio to the same "
              f"seed's {reference} run; τ real = tokens per target forward in greedy speculative decoding of held-out "

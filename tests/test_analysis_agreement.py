@@ -48,5 +48,7 @@ def test_the_cli_adds_the_agreement_after_the_answer_and_refuses_it_without_both
     assert "- packed vs sorted (superiority): **differs** — here worse, +0." in done.stdout
     assert "; the main job better, -0." in done.stdout
     assert "- bucketed vs sorted (superiority): **agrees** — here better" in done.stdout
+    # the per-strategy table is its own paragraph after the agreement's list (Markdown would run it into the list)
+    assert "over 12 seeds.\n\n| strategy |" in done.stdout
     refused = subprocess.run([*command, "--agreement-with", demo], capture_output=True, text=True)
     assert refused.returncode == 2 and "give --preregistration and --agreement-preregistration too" in refused.stderr

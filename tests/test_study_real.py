@@ -43,3 +43,42 @@ def test_the_study_command_runs_end_to_end_on_the_real_model_and_data(tmp_path):
     assert "packed vs sorted" in summary and "Against the embedded default's main job" in summary
     # the target's side of τ real was generated once per rank's prompts, then read by every other run
     assert len(list(cache.glob("replay-*"))) == 1
+
+
+def test_the_readme_opens_with_the_real_model_studys_summary(monkeypatch):
+    """The README's first result block is `make study-real`'s summary.md, re-rendered here from the study's committed
+    runs (docs/study-real/runs.csv) with what its Makefile line gives the report: the study's planned analysis and
+    the embedded default's main job to compare with. It stands above the demo's block."""
+    from analysis.agreement import with_agreement
+    from analysis.cli import parser, read_answer, read_reference
+    from analysis.planned import load_preregistration, planned_results
+    from analysis.summary import read_runs_csv, summary_markdown
+
+    readme = (REPO / "README.md").read_text()
+    start, end = "<!-- summary.md of make study-real (docs/study-real/runs.csv) -->\n", "<!-- end of summary.md -->"
+    assert start in readme, "the README's real-model block marker is missing"
+    assert readme.index(start) < readme.index("<!-- summary.md of make demo"), "the real model's answer comes first"
+    block = readme.split(start, 1)[1].split(end, 1)[0]
+    source = "conf/preregistration/study_real.yaml"
+    flags = ["--preregistration", source, "--agreement-with", "docs/demo/runs.csv",
+             "--agreement-preregistration", "conf/preregistration/strategies.yaml"]
+    makefile = (REPO / "Makefile").read_text()
+    assert all(flag in makefile for flag in flags), "the study's report line no longer passes these flags"
+    monkeypatch.chdir(REPO)
+    plan = load_preregistration(source)
+    args = parser().parse_args(flags)
+    answer, _ = read_answer(args, plan)
+    runs = read_runs_csv(REPO / "docs" / "study-real" / "runs.csv")
+    opening = with_agreement(answer, planned_results(runs, plan), read_reference(args, plan))
+    assert block.strip() == summary_markdown(runs, plan, source, opening).strip()
+    # a sentence per planned contrast on the declared seeds, then where it agrees with the main job
+    assert block.startswith("Planned contrasts (pre-registered in") and "on the confirmatory seeds (" in block
+    assert all(f"- {c.a} vs {c.b} ({c.kind}" in block for c in plan.contrasts)
+    assert "Against the embedded default's main job" in block
+    # the committed runs are the study's: SmolLM2 as the target, one data build, every contrasted strategy on the
+    # confirmatory seeds
+    assert set(runs["target"]) == {"SmolLM2-135M-Instruct.Q4_1"} and runs["data_fingerprint"].nunique() == 1
+    confirmatory = runs[runs["strategy"].isin({s for c in plan.contrasts for s in (c.a, c.b)})]
+    seeds = {strategy: sorted(group["seed"]) for strategy, group in confirmatory.groupby("strategy")}
+    assert len(seeds) == 4 and all(s == sorted(plan.confirmatory_seeds) for s in seeds.values()), seeds
+    assert runs["final_eval_tau_real"].between(1, 4).all()  # blocks of 4: at most 4 tokens a target forward

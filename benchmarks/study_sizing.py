@@ -76,9 +76,9 @@ def main() -> None:
     title, base, arms, says = ARM_SETS[args.arms]
     rows = []
     for name, overrides in arms.items():
-        summary = run(compose_run_config([*base, *overrides]), arm_dir(args.runs_dir, name))
-        evals = [r for r in map(json.loads, (arm_dir(args.runs_dir, name) / "metrics.jsonl").read_text().splitlines())
-                 if "eval_loss" in r]
+        directory = arm_dir(args.runs_dir, name)
+        summary = run(compose_run_config([*base, *overrides]), directory)
+        evals = [r for r in map(json.loads, (directory / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in r]
         last = evals[-1]
         rows.append(f"| {name} | {summary['train_time_s']:.0f} | {last['eval_loss']:.3f} | "
                     f"{last['eval_tau']:.3f} | {last['eval_tau_real']:.3f} | {last['eval_accuracy_per_position'][0]:.0%} | "

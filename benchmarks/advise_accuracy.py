@@ -9,9 +9,10 @@ real tokens/s, the error, and both rankings. Goal: every strategy within ±10 %,
 
 ``--placement``: the disaggregated placement instead (``--split T+D``, default 1 target rank + 1 drafter rank,
 one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D`` concurrent ranks (at most one a
-core; the simulation shares the cores among the processes computing), and the link measured by two ranks (:mod:`harness.advise.link`) predict both placements over each run's first steps, replayed
-micro-batch by micro-batch (:mod:`harness.advise.schedule`); then each strategy trains both ways, rounds
-interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
+core; the simulation shares the cores among the processes computing), measured just before each strategy's
+runs, and the link measured by two ranks at the start of each round (:mod:`harness.advise.link`), predict both
+placements over each run's first steps, replayed micro-batch by micro-batch (:mod:`harness.advise.schedule`); then
+the strategy trains both ways, rounds interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
 (goal: the split within ±15%), the ratio of the two, and whether the placements' measured order is predicted
 where their rounds do not overlap.
 
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -194,13 +196,18 @@ def placement_check(args: argparse.Namespace) -> None:
     stages: dict[str, list[tuple[float, float]]] = {}  # the split's measured target busy and drafter waiting
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
-            # calibrated afresh each round, just before its runs: a shared machine's speed drifts by more than the
-            # goal over the minutes of a benchmark, and a round's runs are compared with its own prediction
-            round_predicted, method = predict_placements(device, strategies, world, target_ranks, tokens)
+            round_predicted: dict = {}
             predicted.append(round_predicted)
-            methods.append(method)
+            link_cost = measure_link(device)  # once a round
             order = [(s, p) for s in strategies for p in layouts]
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
+                if strategy not in round_predicted:
+                    # the stages calibrated afresh just before each strategy's runs: a shared machine's speed drifts
+                    # by more than the goal over a round's minutes, and each run is compared with the prediction
+                    # made just before it
+                    one, method = predict_placements(device, [strategy], world, target_ranks, tokens, link_cost)
+                    round_predicted.update(one)
+                    methods.append(method)
                 overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
                              "trainer.progress=false",
                              f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
@@ -235,20 +242,29 @@ def placement_check(args: argparse.Namespace) -> None:
 SPLIT_GOAL = 0.15
 
 
-def predict_placements(device: list[str], strategies: list[str], world: int, target_ranks: int,
-                       tokens: int) -> tuple[dict, tuple]:
-    """Every strategy's predicted colocated and ``target_ranks`` split tokens/s over a run's first ``tokens`` real
-    tokens, and what :func:`prediction_method` says how with, ``(calibration, link, max_tokens)``: the stage fits calibrated now by as many concurrent CPU ranks as the runs have, up to one a core
-    (batchlab-advise's rule, :func:`harness.advise.predict.calibration_ranks`), the link measured now by two ranks,
-    the placements simulated (``harness/advise/schedule.py``) with the processes sharing the cores."""
+def measure_link(device: list[str]) -> Any:
+    """The split's link cost measured now by two ranks (``harness/advise/link.py``), never from the cache."""
     from harness.advise.link import calibrate_link
-    from harness.advise.predict import LinkModel, calibration_ranks, predict, shared_cores
     from harness.train.config import compose_run_config
+
+    with tempfile.TemporaryDirectory() as scratch:
+        cost, _ = calibrate_link(compose_run_config(["logger=none", "trainer.progress=false", *device]), Path(scratch))
+    return cost
+
+
+def predict_placements(device: list[str], strategies: list[str], world: int, target_ranks: int,
+                       tokens: int, link_cost: Any = None) -> tuple[dict, tuple]:
+    """Every strategy's predicted colocated and ``target_ranks`` split tokens/s over a run's first ``tokens`` real
+    tokens, and what :func:`prediction_method` says how with, ``(calibration, link, max_tokens)``: the stage fits
+    calibrated now by as many concurrent CPU ranks as the runs have, up to one a core (batchlab-advise's rule,
+    :func:`harness.advise.predict.calibration_ranks`), the link's cost given (``link_cost``) or measured now
+    (:func:`measure_link`), the placements simulated (``harness/advise/schedule.py``) with the processes sharing
+    the cores."""
+    from harness.advise.predict import LinkModel, calibration_ranks, predict, shared_cores
 
     kind = "cuda" if "trainer.device=cuda" in device else "cpu"
     config, lengths, calibration = calibrated(device, local_ranks=calibration_ranks(world, kind))
-    with tempfile.TemporaryDirectory() as scratch:  # measured now, never from the cache
-        cost, _ = calibrate_link(compose_run_config(["logger=none", "trainer.progress=false", *device]), Path(scratch))
+    cost = measure_link(device) if link_cost is None else link_cost
     cores = shared_cores(kind)
     link = LinkModel(cost, cores=cores, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
     label = f"{target_ranks}+{world - target_ranks}"
@@ -274,22 +290,24 @@ def prediction_method(methods: list[tuple]) -> str:
         unpack_ms.append(1e3 * unpack[0])
 
     def spread(values: list[float], digits: int = 1) -> str:
-        return (f"{values[0]:.{digits}f}" if len(values) == 1 else
-                f"{min(values):.{digits}f}–{max(values):.{digits}f}")
+        low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+        return low if low == high else f"{low}–{high}"
 
     ranks = methods[0][0].machine["local_ranks"]
     return (
-        f"Predicted before each round's runs from a calibration measured at the start of that round by {ranks} "
-        f"concurrent ranks (over the rounds: the target {spread(target_ms)} ms per full micro-batch of slots, the "
-        f"drafter {spread(drafter_ms, 2)} ms a block) and the link measured by two ranks (`harness/advise/link.py`; a "
+        f"Each strategy's runs predicted, in each round, from a calibration measured just before them by {ranks} "
+        f"concurrent ranks (over the rounds: the target stage, its collate included, {spread(target_ms)} ms per "
+        f"full micro-batch of slots, the "
+        f"drafter {spread(drafter_ms, 2)} ms a block) and the link measured by two ranks at the start of the round "
+        f"(`harness/advise/link.py`; a "
         f"full micro-batch: send {spread(send_ms)} ms, receive {spread(receive_ms)} ms, "
         f"unpack {spread(unpack_ms)} ms), "
         "both placements simulated micro-batch by micro-batch "
         "(`harness/advise/schedule.py`: credits seen at the poll's ticks, a step's micro-batches taken together, "
         f"a drafter rank's receiving thread taking turns with its loop, the processes computing at each moment "
         f"sharing the {os.cpu_count()} cores) over the runs' own first steps; nothing measured "
-        "in the runs below was used to fit anything. Each round's runs are compared with that round's prediction (a "
-        "shared machine's speed drifts by more than the goal over a benchmark's minutes); the table gives medians over "
+        "in the runs below was used to fit anything. Each run is compared with the prediction made just before it (a "
+        "shared machine's speed drifts by more than the goal over a round's minutes); the table gives medians over "
         "rounds: predicted, measured (the runs' `tokens_per_second`) and the error of each round."
     )
 

@@ -6,10 +6,10 @@
    drafter rank, ``grad_accum=3``: the same 3 micro-batches per optimizer step). Reported: real
    tokens/s end to end and the ratio, the target ranks' busy fraction, the drafter's idle fraction,
    bytes moved per second, and each colocated rank's target and drafter time per micro-batch.
-   Predicted before each round's runs (``advise_accuracy.predict_placements``): the stage fits calibrated by
-   concurrent ranks, one a core (on 2 cores, the 3 processes are simulated sharing them), and the link measured
-   by two, both placements simulated (``harness/advise/schedule.py``), each run's tokens/s against its
-   prediction.
+   Predicted before each strategy's runs of a round (``advise_accuracy.predict_placements``): the stage fits
+   calibrated just before them by concurrent ranks, one a core (on 2 cores, the 3 processes are simulated sharing
+   them), and the link measured by two at the start of the round, both placements simulated
+   (``harness/advise/schedule.py``), each run's tokens/s against its prediction.
 2. Modelled (labelled as a model, nothing runs on a GPU): the reference run's shape, the 27B-class
    target and a 5-layer drafter on 8 GPUs, on the ``chat-902k`` lengths at ``max_tokens=16384``.
    Per micro-batch the target stage costs ``a * slots + b * sum(len^2)`` and the drafter stage
@@ -68,19 +68,21 @@ def _mean(values) -> float:
 
 
 def measure(strategies, tokens: int, rounds: int,
-            before_round=None) -> dict[tuple[str, str], list[dict]]:
-    """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_round(r)`` runs first in
-    each round (the round's own prediction)."""
+            before_runs=None) -> dict[tuple[str, str], list[dict]]:
+    """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_runs(r, strategy)`` runs
+    just before a strategy's runs of round ``r`` (their own prediction)."""
     from harness.train.config import compose_run_config as compose
     from harness.train.launch.run import run
 
     results: dict[tuple[str, str], list[dict]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(rounds):
-            if before_round is not None:
-                before_round(round_index)
             order = [(s, p) for s in strategies for p in PLACEMENTS]
+            done: set[str] = set()
             for strategy, placement in (order if round_index % 2 == 0 else order[::-1]):
+                if before_runs is not None and strategy not in done:
+                    before_runs(round_index, strategy)
+                done.add(strategy)
                 overrides = [f"strategy={strategy}", *PLACEMENTS[placement], "logger=none", "trainer.progress=false",
                              f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
                              "eval.real_prompts=0", "checkpoint.every_steps=100000"]
@@ -217,18 +219,24 @@ def main() -> None:
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     started = time.time()
-    from advise_accuracy import predict_placements
+    from advise_accuracy import measure_link, predict_placements
 
-    predicted: list[dict] = []
+    device = ["trainer.device=cpu"]
+    predicted: list[dict] = []  # per round: each strategy's prediction, made just before its runs
     methods: list[tuple] = []
+    links: dict[int, object] = {}
 
-    def predict_round(round_index: int) -> None:  # noqa: ARG001 - calibrated afresh each round (prediction_method)
-        # the measured runs predicted before they run: colocated on 3 ranks and the 2 + 1 split
-        round_predicted, method = predict_placements(["trainer.device=cpu"], strategies, 3, 2, args.tokens)
-        predicted.append(round_predicted)
+    def predict_runs(round_index: int, strategy: str) -> None:
+        # the strategy's runs predicted just before they run (prediction_method): colocated on 3 ranks and the 2 + 1
+        # split, from the stages calibrated now and the link measured at the round's start
+        if round_index not in links:
+            links[round_index] = measure_link(device)
+            predicted.append({})
+        one, method = predict_placements(device, [strategy], 3, 2, args.tokens, links[round_index])
+        predicted[round_index].update(one)
         methods.append(method)
 
-    measured = measure(strategies, args.tokens, args.rounds, predict_round)
+    measured = measure(strategies, args.tokens, args.rounds, predict_runs)
     modelled = model_8gpu(strategies)
     command = "python benchmarks/placement.py" + (f" --tokens {args.tokens}" if args.tokens != 100_000 else "") + (
         f" --rounds {args.rounds}" if args.rounds != 2 else "") + (" --write" if args.write else "")

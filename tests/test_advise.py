@@ -467,6 +467,31 @@ def test_more_cpu_ranks_than_cores_are_calibrated_a_core_each_and_predicted_shar
     np.testing.assert_allclose(plan_seconds(plan, calibration, cores=8), alone, rtol=1e-12)
 
 
+def test_the_target_stage_times_the_micro_batchs_collate(monkeypatch):
+    """A rank collates its own micro-batches before the target's forward (a target rank always; a colocated rank
+    whose loader has no workers, as on CPU): the calibration times the collate in the target stage, every repeat,
+    and not in the drafter's."""
+    import statistics
+    import time
+
+    from harness.train.batch import BatchCollator
+
+    measure = cal._measurer(config(256))
+    original = BatchCollator.__call__
+    collated = []
+
+    def slow(self, *args, **kwargs):
+        collated.append(1)
+        time.sleep(0.05)  # far above the tiny target's forward of 96 tokens
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchCollator, "__call__", slow)
+    total, target, _ = measure(cal.Shape("padded", (64, 32)))
+    assert len(collated) == cal.REPEATS + 1  # once a run, the warm-up's included
+    assert min(target) >= 0.05, target
+    assert statistics.median(t - u for t, u in zip(total, target)) < 0.05
+
+
 def test_blocks_are_counted_as_the_drafter_runs_them_capped_a_micro_batch():
     """With the drafter's max_blocks, a micro-batch's c term counts at most that many blocks (the collate keeps
     no more), in the calibration's design and in every prediction."""

@@ -4,11 +4,11 @@ A micro-batch costs ``a·slots + b·Σlen² + c·blocks + m`` seconds (:class:`s
 plus a fixed cost per micro-batch) and an optimizer step ``s`` more. The calibration times the run's own
 code on a design of shapes at the run's budget — padded rows of one length and of mixed lengths (slots ≠
 tokens), packed rows of 1 to many documents (the same slots, other Σlen² and blocks) — each micro-batch
-as the trainer runs it (the frozen target's forward of the tapped layers, then the drafter's forward and
-backward), warm-up first and the median of repeats, and fits ``a, b, c, m ≥ 0`` by least squares,
+as the trainer runs it (its collate, the frozen target's forward of the tapped layers, then the drafter's
+forward and backward), warm-up first and the median of repeats, and fits ``a, b, c, m ≥ 0`` by least squares,
 reporting each shape's error. ``s`` is the median time of gradient clipping, ``AdamW.step`` and
-``zero_grad``. The two stages are also timed apart (the target's forward, then the drafter's forward and
-backward) and fitted each on the same four terms: the stage costs a disaggregated placement balances
+``zero_grad``. The two stages are also timed apart (the collate and the target's forward, then the drafter's
+forward and backward) and fitted each on the same four terms: the stage costs a disaggregated placement balances
 (:mod:`harness.advise.stages`).
 
 The fit is cached (``$BATCHLAB_CACHE/advise/``) per machine (CPU model, cores, threads, torch), device,
@@ -35,7 +35,8 @@ import numpy as np
 from harness.data import cache
 from strategies.cost import drafter_blocks
 
-FORMAT_VERSION = 4  # 2: the stages timed and fitted apart; 3: every concurrent rank's runs; 4: stages started together
+FORMAT_VERSION = 5  # 2: the stages timed and fitted apart; 3: every concurrent rank's runs; 4: stages started together;
+# 5: the target stage includes the micro-batch's collate
 CACHE_SUBDIR = "advise"
 #: shapes timed per calibration, and runs of each (after one warm-up run)
 REPEATS = 3
@@ -411,13 +412,17 @@ def _measurer(config_dict: dict[str, Any],
     drafter = model.drafter
 
     def measure(shape: Shape) -> tuple[list[float], list[float], float]:
-        batch = shape_batch(shape, config, drafter, vocab).to(device)
+        collate = shape_collate(shape, config, drafter, vocab)
         times, target_times, steps = [], [], []
         for repeat in range(REPEATS + 1):
             if all_reduce:
                 comm.barrier()  # the ranks run each micro-batch together, sharing the cores as in training
             model.synchronize()
             started = time.perf_counter()
+            # the target stage starts with the collate: a rank collates its own micro-batches (a target rank always,
+            # a colocated rank when its loader has no workers, as on CPU; with workers it overlaps, and the stage
+            # is then pessimistic by the collate's few milliseconds a micro-batch)
+            batch = collate().to(device)
             with torch.no_grad():
                 features = model.target(batch.tokens, gdn_backend=config.trainer.gdn_backend,
                                          tap_layer_ids=list(drafter.target_layer_ids))
@@ -456,13 +461,20 @@ def _measurer(config_dict: dict[str, Any],
 def shape_batch(shape: Shape, config: Any, drafter: Any, vocab: int) -> Any:
     """The host :class:`~harness.train.batch.TrainingBatch` of one design shape, collated as the run collates (its
     drafter's blocks, anchors and mask token), on synthetic samples."""
+    return shape_collate(shape, config, drafter, vocab)()
+
+
+def shape_collate(shape: Shape, config: Any, drafter: Any, vocab: int) -> Callable[[], Any]:
+    """What collates one design shape's micro-batch as the run does (its samples read, anchors drawn, blocks laid
+    out): called, it returns the host :class:`~harness.train.batch.TrainingBatch` (:func:`shape_batch`)."""
     from harness.train.batch import BatchCollator
 
     collate = BatchCollator(_synthetic_samples(shape.lengths, vocab), shape.layout, block_size=drafter.block_size,
                             num_anchors=config.drafter_config.num_anchors, mask_token_id=drafter.mask_token_id,
                             loss_decay_gamma=drafter.loss_decay_gamma, max_blocks=config.drafter_config.max_blocks,
                             anchor_seed=0)
-    return collate(np.arange(len(shape.lengths)), np.asarray(shape.lengths), epoch=0)
+    rows, lengths = np.arange(len(shape.lengths)), np.asarray(shape.lengths)
+    return lambda: collate(rows, lengths, epoch=0)
 
 
 def _synthetic_samples(lengths: tuple[int, ...], vocab: int) -> Any:

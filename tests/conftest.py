@@ -13,6 +13,13 @@ settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
+# Two pytest-xdist workers on 2 cores each start runs whose ranks take their share of the cores as torch threads, so
+# the suite runs more OpenMP threads than cores. OpenMP's default lets idle threads spin, taking the cores from the
+# other worker's threads: beside the real-model study's smoke test, test_feature_cache's run against the online
+# target took 95 s instead of 9.5 s alone. Passive idle threads (sleeping, as the processes started by a test
+# inherit) brought it to 5.2 s and the study's test from 128 s to 79 s (2026-12-06). Set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Every rank a test starts, in this process or a fresh one (which inherits the environment), works inside
 # tests/rank_hook.py: the faults a test asks for, a slowed drafter, every rank's consumed samples logged
 # (harness.train.rank_hook reads the variable; the package's own runs never set it).

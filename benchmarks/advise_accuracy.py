@@ -12,9 +12,9 @@ one rank a core on 2 cores): the calibration's stage fits, measured by ``T + D``
 core; the simulation shares the cores among the processes computing), measured just before each strategy's
 runs, and the link measured by two ranks at the start of each round (:mod:`harness.advise.link`), predict both
 placements over each run's first steps, replayed micro-batch by micro-batch (:mod:`harness.advise.schedule`); then
-the strategy trains both ways, rounds interleaved. The table gives predicted and measured tokens/s of colocated and of the split with their errors
-(goal: the split within ±15%), the ratio of the two, and whether the placements' measured order is predicted
-where their rounds do not overlap.
+the strategy trains both ways, rounds interleaved. The table gives predicted and measured tokens/s of colocated and
+of the split with their errors (goal: the split within ±15%), the ratio of the two, and whether the placements'
+measured order is predicted where their rounds do not overlap.
 
     python benchmarks/advise_accuracy.py                        # print the table
     python benchmarks/advise_accuracy.py --write                # also rewrite its section of RESULTS.md
@@ -190,24 +190,14 @@ def placement_check(args: argparse.Namespace) -> None:
     device = [f"trainer.device={args.device}", *args.set]
     tokens = args.tokens // 2
     started = time.time()
-    predicted: list[dict] = []  # per round: each strategy's prediction from that round's own calibration
-    methods: list[tuple] = []
+    predictions = RoundPredictions(device, world, target_ranks, tokens)
     measured: dict[tuple[str, str], list[float]] = {}
     stages: dict[str, list[tuple[float, float]]] = {}  # the split's measured target busy and drafter waiting
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(args.rounds):
-            round_predicted: dict = {}
-            predicted.append(round_predicted)
-            link_cost = measure_link(device)  # once a round
             order = [(s, p) for s in strategies for p in layouts]
             for strategy, placement in order if round_index % 2 == 0 else order[::-1]:
-                if strategy not in round_predicted:
-                    # the stages calibrated afresh just before each strategy's runs: a shared machine's speed drifts
-                    # by more than the goal over a round's minutes, and each run is compared with the prediction
-                    # made just before it
-                    one, method = predict_placements(device, [strategy], world, target_ranks, tokens, link_cost)
-                    round_predicted.update(one)
-                    methods.append(method)
+                predicted = predictions.before_run(round_index, strategy)
                 overrides = [f"strategy={strategy}", *layouts[placement], *device, "logger=none",
                              "trainer.progress=false",
                              f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
@@ -220,9 +210,9 @@ def placement_check(args: argparse.Namespace) -> None:
                         (statistics.mean(summary["topology_target_busy_fraction"]), summary["data_wait_fraction"]))
                 key = "tokens_per_second" if placement == "disaggregated" else "colocated"
                 print(f"round {round_index} {strategy} {placement}: {summary['tokens_per_second']:,.0f} tok/s, "
-                      f"predicted {round_predicted[strategy][key]:,.0f}", flush=True)
+                      f"predicted {predicted[key]:,.0f}", flush=True)
     elapsed = time.time() - started
-    table, verdict = placement_table(strategies, predicted, measured, stages, "disaggregated")
+    table, verdict = placement_table(strategies, predictions.predicted, measured, stages, "disaggregated")
     section = (
         f"{PLACEMENT_TITLE}\n\n"
         f"Command: `python benchmarks/advise_accuracy.py --placement --write` (split {args.split}, tokens={tokens}, "
@@ -232,7 +222,7 @@ def placement_check(args: argparse.Namespace) -> None:
         f"Embedded default data, tiny target and drafter, {world} gloo ranks: colocated on {world} ranks against "
         f"{target_ranks} target rank(s) + {drafter_ranks} drafter rank(s) (`grad_accum={world // drafter_ranks}`, "
         f"the same {world} micro-batches a step), every run {tokens:,} real tokens. "
-        + prediction_method(methods) + "\n\n" + table + "\n\n" + verdict + "\n"
+        + prediction_method(predictions.methods) + "\n\n" + table + "\n\n" + verdict + "\n"
     )
     print(section)
     if args.write:
@@ -253,20 +243,19 @@ def measure_link(device: list[str]) -> Any:
 
 
 def predict_placements(device: list[str], strategies: list[str], world: int, target_ranks: int,
-                       tokens: int, link_cost: Any = None) -> tuple[dict, tuple]:
+                       tokens: int, link_cost: Any) -> tuple[dict, tuple]:
     """Every strategy's predicted colocated and ``target_ranks`` split tokens/s over a run's first ``tokens`` real
     tokens, and what :func:`prediction_method` says how with, ``(calibration, link, max_tokens)``: the stage fits
     calibrated now by as many concurrent CPU ranks as the runs have, up to one a core (batchlab-advise's rule,
-    :func:`harness.advise.predict.calibration_ranks`), the link's cost given (``link_cost``) or measured now
-    (:func:`measure_link`), the placements simulated (``harness/advise/schedule.py``) with the processes sharing
+    :func:`harness.advise.predict.calibration_ranks`), the link's cost given (``link_cost``: :func:`measure_link`),
+    the placements simulated (``harness/advise/schedule.py``) with the processes sharing
     the cores."""
     from harness.advise.predict import LinkModel, calibration_ranks, predict, shared_cores
 
     kind = "cuda" if "trainer.device=cuda" in device else "cpu"
     config, lengths, calibration = calibrated(device, local_ranks=calibration_ranks(world, kind))
-    cost = measure_link(device) if link_cost is None else link_cost
     cores = shared_cores(kind)
-    link = LinkModel(cost, cores=cores, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
+    link = LinkModel(link_cost, cores=cores, max_in_flight=config.topology.max_in_flight, dispatch=config.topology.dispatch)
     label = f"{target_ranks}+{world - target_ranks}"
     predicted = {}
     for p in predict(lengths, strategies, calibration, world_size=world, step_tokens=config.trainer.step_tokens,
@@ -274,6 +263,31 @@ def predict_placements(device: list[str], strategies: list[str], world: int, tar
         split = next(r for r in p.placement["splits"] if r["split"] == label)
         predicted[p.strategy] = {"colocated": p.placement["colocated_tokens_per_second"], **split}
     return predicted, (calibration, link, config.trainer.max_tokens)
+
+
+class RoundPredictions:
+    """Each run predicted just before it, round by round (both placement benchmarks): a strategy's stages calibrated
+    afresh before its first run of a round (a shared machine's speed drifts by more than the goal over a round's
+    minutes, and each run is compared with the prediction made just before it), the link measured once a round."""
+
+    def __init__(self, device: list[str], world: int, target_ranks: int, tokens: int) -> None:
+        self.device, self.world, self.target_ranks, self.tokens = device, world, target_ranks, tokens
+        self.predicted: list[dict] = []  # per round: each strategy's prediction (placement_table)
+        self.methods: list[tuple] = []  # what each was predicted with (prediction_method)
+        self._link: Any = None
+
+    def before_run(self, round_index: int, strategy: str) -> dict:
+        """``strategy``'s prediction in round ``round_index`` (rounds in order), made now before its first run."""
+        if round_index == len(self.predicted):
+            self._link = measure_link(self.device)
+            self.predicted.append({})
+        this_round = self.predicted[round_index]
+        if strategy not in this_round:
+            one, method = predict_placements(self.device, [strategy], self.world, self.target_ranks, self.tokens,
+                                             self._link)
+            this_round.update(one)
+            self.methods.append(method)
+        return this_round[strategy]
 
 
 def prediction_method(methods: list[tuple]) -> str:

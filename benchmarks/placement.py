@@ -68,9 +68,9 @@ def _mean(values) -> float:
 
 
 def measure(strategies, tokens: int, rounds: int,
-            before_runs=None) -> dict[tuple[str, str], list[dict]]:
-    """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_runs(r, strategy)`` runs
-    just before a strategy's runs of round ``r`` (their own prediction)."""
+            before_run=None) -> dict[tuple[str, str], list[dict]]:
+    """Every strategy's runs in both placements, ``rounds`` interleaved rounds; ``before_run(r, strategy)`` runs
+    just before each run of round ``r`` (its prediction: ``advise_accuracy.RoundPredictions``)."""
     from harness.train.config import compose_run_config as compose
     from harness.train.launch.run import run
 
@@ -78,11 +78,9 @@ def measure(strategies, tokens: int, rounds: int,
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(rounds):
             order = [(s, p) for s in strategies for p in PLACEMENTS]
-            done: set[str] = set()
             for strategy, placement in (order if round_index % 2 == 0 else order[::-1]):
-                if before_runs is not None and strategy not in done:
-                    before_runs(round_index, strategy)
-                done.add(strategy)
+                if before_run is not None:
+                    before_run(round_index, strategy)
                 overrides = [f"strategy={strategy}", *PLACEMENTS[placement], "logger=none", "trainer.progress=false",
                              f"trainer.stop_tokens={tokens}", f"eval.every_tokens={tokens}",
                              "eval.real_prompts=0", "checkpoint.every_steps=100000"]
@@ -219,29 +217,16 @@ def main() -> None:
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     started = time.time()
-    from advise_accuracy import measure_link, predict_placements
+    from advise_accuracy import RoundPredictions
 
-    device = ["trainer.device=cpu"]
-    predicted: list[dict] = []  # per round: each strategy's prediction, made just before its runs
-    methods: list[tuple] = []
-    links: dict[int, object] = {}
-
-    def predict_runs(round_index: int, strategy: str) -> None:
-        # the strategy's runs predicted just before they run (prediction_method): colocated on 3 ranks and the 2 + 1
-        # split, from the stages calibrated now and the link measured at the round's start
-        if round_index not in links:
-            links[round_index] = measure_link(device)
-            predicted.append({})
-        one, method = predict_placements(device, [strategy], 3, 2, args.tokens, links[round_index])
-        predicted[round_index].update(one)
-        methods.append(method)
-
-    measured = measure(strategies, args.tokens, args.rounds, predict_runs)
+    # each run predicted just before it: colocated on 3 ranks and the 2 + 1 split
+    predictions = RoundPredictions(["trainer.device=cpu"], 3, 2, args.tokens)
+    measured = measure(strategies, args.tokens, args.rounds, predictions.before_run)
     modelled = model_8gpu(strategies)
     command = "python benchmarks/placement.py" + (f" --tokens {args.tokens}" if args.tokens != 100_000 else "") + (
         f" --rounds {args.rounds}" if args.rounds != 2 else "") + (" --write" if args.write else "")
     section = render(measured, modelled, strategies, args.tokens, args.rounds, time.time() - started, command,
-                     predicted, methods)
+                     predictions.predicted, predictions.methods)
     print(section)
     if args.write:
         write_section(section, TITLE)

@@ -385,3 +385,75 @@ def test_drafter_learns_a_task_that_needs_the_visible_context():
         losses.append(result.loss().item())
     assert isinstance(result, DrafterLoss)
     assert sum(losses[-10:]) < 0.6 * sum(losses[:10])
+
+
+def make_distilling_drafter(distill_weight: float, chunk: int = 256) -> tuple[DFlashDrafter, nn.Module]:
+    """A drafter whose deepest tap is the target's last layer (3), with soft labels from a stand-in final norm."""
+    torch.manual_seed(0)
+    config = DrafterConfig(
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+        block_size=4, num_anchors=6, loss_decay_gamma=3.0, target_layer_ids=[1, TARGET_LAYERS - 1],
+        initializer_range=0.2, distill_weight=distill_weight, loss_chunk_blocks=chunk,
+    )
+    embed, head = nn.Embedding(VOCAB, HIDDEN).double(), nn.Linear(HIDDEN, VOCAB, bias=False).double()
+    final_norm = nn.LayerNorm(HIDDEN).double()
+    final_norm.weight.data.uniform_(0.5, 1.5)
+    return DFlashDrafter(config, embed, head, TARGET_LAYERS, final_norm=final_norm).double(), final_norm
+
+
+def test_soft_labels_take_the_targets_prediction_at_the_position_before_each_label():
+    """Slot k of the block at anchor a is labelled x[a + k]; the target predicted that token from position
+    a + k - 1: the teacher is its final norm of the last layer's output there (per document of a packed row)."""
+    drafter, final_norm = make_distilling_drafter(0.5)
+    documents = [torch.randint(0, VOCAB, (n,)) for n in (9, 12)]
+    features = random_features([9, 12], seed=3)
+    batch, states = packed_inputs(documents, features)
+    anchors = [torch.tensor([0, 5, 7]), torch.tensor([2, 8])]  # 7 in a 9-token document: slot 3 is past its end
+    inputs, _ = drafter.prepare_inputs(batch, anchors)
+    teacher = drafter.teacher_hidden(inputs, states)
+    starts, lengths = [0, 9], [9, 12]
+    expected = []
+    for doc, doc_anchors in enumerate(anchors):
+        for a in doc_anchors.tolist():
+            rows = [starts[doc] + min(a + k - 1, lengths[doc] - 1) for k in range(1, 4)]
+            expected.append(final_norm(states[1][0, rows]))  # the last layer's tap, not the first
+    assert torch.allclose(teacher, torch.stack(expected), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.4, 1.0])
+def test_soft_labels_match_a_dense_reference_with_their_gradient(weight):
+    """Σ w·[(1 - α)·CE(onehot) + α·CE(softmax(teacher logits))] and its gradient, chunked (2 blocks a chunk), equal
+    autograd on the whole logits; α = 0 is the hard labels' loss exactly."""
+    drafter, _ = make_distilling_drafter(weight, chunk=2) if weight else (make_drafter(layers=1), None)
+    documents = [torch.randint(0, VOCAB, (n,)) for n in (10, 14)]
+    features = random_features([10, 14], seed=4)
+    batch, states = packed_inputs(documents, features)
+    anchors = [torch.tensor([1, 4]), torch.tensor([0, 3, 9])]
+    inputs, _ = drafter.prepare_inputs(batch, anchors)
+    hidden = drafter.forward_prepared(inputs, states)
+    sums = drafter.prepared_loss(inputs, hidden, states)
+    (grad,) = torch.autograd.grad(sums.weighted_ce_sum, hidden)
+
+    reference_hidden = hidden.detach().clone().requires_grad_(True)
+    log_probs = drafter.lm_head(reference_hidden).log_softmax(-1)
+    onehot = F.one_hot(inputs.labels, VOCAB).double()
+    label = onehot
+    if weight:
+        label = (1 - weight) * onehot + weight * drafter.lm_head(drafter.teacher_hidden(inputs, states)).softmax(-1)
+    reference = (-(label * log_probs).sum(-1) * inputs.loss_weights).sum()
+    (reference_grad,) = torch.autograd.grad(reference, reference_hidden)
+    assert float(sums.weighted_ce_sum.detach()) == pytest.approx(float(reference.detach()), rel=1e-10)
+    assert torch.allclose(grad, reference_grad, rtol=1e-9, atol=1e-12)
+    if weight == 1.0:  # the soft labels really differ from the hard ones (else the test proves nothing)
+        hard = (-(onehot * log_probs).sum(-1) * inputs.loss_weights).sum()
+        assert abs(float(hard.detach()) - float(reference.detach())) > 0.1
+
+
+def test_soft_labels_need_the_targets_last_layer_and_a_weight_in_0_1():
+    with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\]"):
+        DrafterConfig(distill_weight=1.5)
+    config = DrafterConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=8, block_size=4,
+                           loss_decay_gamma=3.0, target_layer_ids=[1, 2], distill_weight=0.5)
+    with pytest.raises(ValueError, match=r"last layer \(3\).*add 3 to target_layer_ids"):
+        DFlashDrafter(config, nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB), TARGET_LAYERS,
+                      final_norm=nn.LayerNorm(HIDDEN))

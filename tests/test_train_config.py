@@ -59,6 +59,7 @@ def test_typos_and_wrong_types_fail_at_compose_time_naming_the_key(override, key
 
 @pytest.mark.parametrize("override, message", [
     ("trainer.precision=fp16", "trainer.precision"),
+    ("trainer.drafter_precision=fp16", "trainer.drafter_precision"),
     ("trainer.device=tpu", "trainer.device"),
     ("trainer.stop_epochs=3", "exactly one stop condition"),
     ("optim.warmup_fraction=1.5", "optim.warmup_fraction"),

@@ -110,8 +110,8 @@ def test_non_finite_loss_stops_naming_step_and_samples(tmp_path, batchlab_cache,
     original = DFlashDrafter.prepared_loss
     calls = {"n": 0}
 
-    def poisoned(self, inputs, hidden):
-        result = original(self, inputs, hidden)
+    def poisoned(self, inputs, hidden, features=None):
+        result = original(self, inputs, hidden, features)
         if torch.is_grad_enabled():
             calls["n"] += 1
             if calls["n"] == 3:
@@ -332,3 +332,37 @@ def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache)
         assert (a["real_tokens"], a["micro_batches"]) == (b["real_tokens"], b["micro_batches"])
         for key in ("loss", "grad_norm", "tau"):
             assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
+
+
+def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path, batchlab_cache):
+    """trainer.drafter_precision=bf16: the drafter's forward in bf16 autocast (its losses move by bf16 rounding
+    only), the target's features and their cache key those of the fp32 run, its τ real target side fp32."""
+    from harness.train.feature_cache import cache_key
+    from harness.train.rank_models import DrafterModel
+
+    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(24, 12, 60, 300, seed=5))
+    common = [*IN_PROCESS, *_data_overrides(data), "strategy=sorted", "trainer.max_tokens=256",
+              "trainer.stop_tokens=600", "eval.every_tokens=1000000"]
+    records = {}
+    for precision in ("fp32", "bf16"):
+        config = compose_config([*common, f"trainer.drafter_precision={precision}"])
+        run(config, tmp_path / precision)
+        records[precision] = read_jsonl(tmp_path / precision / "metrics.jsonl")
+        models = DrafterModel(run_config_from_dict(config), torch.device("cpu"))
+        assert models.target.embed_tokens.weight.dtype == torch.float32  # the target stays at trainer.precision
+        with models.autocast():
+            assert torch.is_autocast_enabled("cpu") == (precision == "bf16")
+        with models.target_autocast():  # an fp32 target never computes in bf16
+            assert not torch.is_autocast_enabled("cpu")
+    fp32, bf16 = records["fp32"], records["bf16"]
+    assert len(fp32) == len(bf16) >= 2
+    # the same weights at step 1: the losses differ by the bf16 rounding of the drafter alone
+    assert bf16[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=2e-2)
+    assert bf16[0]["loss"] != fp32[0]["loss"]
+    rows = np.arange(4)
+
+    def key(*overrides):
+        return cache_key(run_config_from_dict(compose_config([*common, *overrides])), "data", rows)
+
+    assert key("trainer.drafter_precision=fp32") == key("trainer.drafter_precision=bf16") == key()
+    assert key("trainer.precision=bf16") != key()

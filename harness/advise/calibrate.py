@@ -257,7 +257,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
                             "probably disturbed (another job on the machine): run batchlab-advise again when it "
                             "is quieter, or give a stored calibration")
     stages = [[float(x) for x in fit(terms, np.maximum(seconds[part], 1e-9))] for part in ("target", "drafter")]
-    measured_on = {"dtype": trainer["precision"], "max_tokens": max_tokens, "target": config_dict["target"],
+    measured_on = {"dtype": stage_precisions(trainer), "max_tokens": max_tokens, "target": config_dict["target"],
                    "drafter": drafter}
     calibration = Calibration(float(a), float(b), float(c), float(m), float(done["step_s"]), block_size, num_anchors,
                               max_tokens, key, machine, rows, *stages, max_blocks, measured_on)
@@ -290,13 +290,20 @@ def degenerate(coefficients: np.ndarray, rows: list[dict]) -> str | None:
     return None
 
 
+def stage_precisions(trainer: dict[str, Any]) -> str:
+    """The stages' precision as a calibration names it: ``trainer.precision``, with the drafter's own after it
+    when ``trainer.drafter_precision`` differs (a bf16 drafter's stage is faster than an fp32 one's)."""
+    drafter = trainer.get("drafter_precision")
+    return trainer["precision"] if drafter in (None, trainer["precision"]) else f"{trainer['precision']}/drafter-{drafter}"
+
+
 def _cache_entry(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int) -> tuple[dict[str, Any], Path]:
     """This machine's identity and the cache file of ``config_dict``'s calibration by ``local_ranks`` ranks."""
     trainer = config_dict["trainer"]
     machine = machine_identity(trainer["device"])
     machine["threads_per_rank"] = trainer.get("threads_per_rank")  # a rank's share of the cores
     machine["local_ranks"] = local_ranks
-    key = calibration_key(machine, trainer["precision"], int(trainer["max_tokens"]), config_dict["target"],
+    key = calibration_key(machine, stage_precisions(trainer), int(trainer["max_tokens"]), config_dict["target"],
                           config_dict["drafter"])
     return machine, Path(cache_dir) / CACHE_SUBDIR / f"{key}.json"
 
@@ -342,7 +349,8 @@ def drafter_gradient_bytes(config_dict: dict[str, Any]) -> int:
     with torch.device("meta"):
         target = HybridTarget(_target_source(config), tap_layer_ids=drafter_config.target_layer_ids,
                               num_draft_layers=drafter_config.num_hidden_layers)
-        drafter = DFlashDrafter(drafter_config, target.embed_tokens, target.lm_head, target.num_layers)
+        drafter = DFlashDrafter(drafter_config, target.embed_tokens, target.lm_head, target.num_layers,
+                                final_norm=target.final_norm)
     return sum(p.numel() for p in drafter.parameters() if p.requires_grad) * 4
 
 

@@ -234,9 +234,14 @@ class CausalLMTarget(nn.Module):
         LM head, as the model's own forward computes them."""
         return self.model(**self._inputs(batch)).logits
 
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm between the last decoder layer and the LM head."""
+        return self._decoder.norm
+
     def next_token_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """Logits from the last decoder layer's output (the final norm, then the LM head)."""
-        return self.lm_head(self._decoder.norm(last_hidden))
+        return self.lm_head(self.final_norm(last_hidden))
 
     def _inputs(self, batch: TokenBatch) -> dict[str, Any]:
         if batch.input_ids.device != self.device:

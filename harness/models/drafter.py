@@ -120,6 +120,7 @@ class DFlashDrafter(nn.Module):
         lm_head: nn.Linear,
         num_target_layers: int,
         draft_vocab: DraftVocabulary | None = None,
+        final_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         hidden_size = embed_tokens.embedding_dim
@@ -145,6 +146,23 @@ class DFlashDrafter(nn.Module):
                              f"target's LM head has {lm_head.out_features}")
         self.draft_vocab = draft_vocab
         self._target_io = (embed_tokens, lm_head if draft_vocab is None else draft_vocab.head(lm_head))
+        # soft labels (config.distill_weight): the target's own next-token distribution, its final norm and LM head
+        # over the deepest tap, which must be its last layer; the norm is the target's, frozen, outside the tree
+        self.distill_weight = float(config.distill_weight)
+        self._teacher_tap = None
+        if self.distill_weight > 0:
+            last = num_target_layers - 1
+            if last not in self.target_layer_ids:
+                raise ValueError(
+                    f"distill_weight={self.distill_weight} needs the target's own next-token distribution, from its "
+                    f"last layer ({last}), but target_layer_ids={self.target_layer_ids} do not tap it; add {last} to "
+                    "target_layer_ids, or set distill_weight to 0"
+                )
+            if final_norm is None:
+                raise ValueError(f"distill_weight={self.distill_weight} needs the target's final norm (final_norm)")
+            final_norm.requires_grad_(False)
+            self._teacher_tap = self.target_layer_ids.index(last)
+        self._final_norm = (final_norm,)
         qwen3 = _qwen3_config(config, hidden_size, self.vocab_size)
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden_size, hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden_size, eps=config.rms_norm_eps)
@@ -177,7 +195,8 @@ class DFlashDrafter(nn.Module):
     def from_target(cls, target: nn.Module, config: DrafterConfig,
                     draft_vocab: DraftVocabulary | None = None) -> DFlashDrafter:
         """Build a drafter over ``target`` (``.embed_tokens``, ``.lm_head``, ``.config.num_hidden_layers``)."""
-        drafter = cls(config, target.embed_tokens, target.lm_head, target.config.num_hidden_layers, draft_vocab)
+        drafter = cls(config, target.embed_tokens, target.lm_head, target.config.num_hidden_layers, draft_vocab,
+                      getattr(target, "final_norm", None))
         return drafter.to(device=target.embed_tokens.weight.device, dtype=target.embed_tokens.weight.dtype)
 
     @staticmethod
@@ -340,8 +359,24 @@ class DFlashDrafter(nn.Module):
             hidden = layer(hidden, shared)
         return self.norm(hidden[:, 1:])
 
-    def prepared_loss(self, inputs: DrafterInputs, hidden: torch.Tensor) -> DrafterLoss:
+    def teacher_hidden(self, inputs: DrafterInputs, target_hidden_states: Any) -> torch.Tensor:
+        """``[NB, B-1, D]`` the target's last hidden state after its final norm at ``anchor + k - 1`` for slot ``k``:
+        where the target predicted the slot's label (a slot past its document's end takes the last token's)."""
+        states = self._check_inputs(inputs.token_shape, target_hidden_states)
+        documents, layout = inputs.documents, inputs.layout
+        last = documents.gather(states[self._teacher_tap])  # [N, D]
+        slots = torch.arange(self.block_size - 1, device=last.device)
+        lengths = documents.doc_lengths[layout.doc_index]
+        position = torch.minimum(layout.anchor[:, None] + slots, (lengths - 1).clamp_min(0)[:, None])
+        flat = documents.doc_starts[layout.doc_index][:, None] + position
+        return self._final_norm[0](last[flat.clamp(0, max(documents.num_tokens - 1, 0))])
+
+    def prepared_loss(self, inputs: DrafterInputs, hidden: torch.Tensor,
+                      target_hidden_states: Any = None) -> DrafterLoss:
         """Decayed CE, accuracy and τ sums of ``hidden`` (:meth:`forward_prepared`), chunked.
+
+        With ``config.distill_weight`` > 0 each slot's label is mixed with the target's own next-token distribution
+        (:meth:`teacher_hidden` of ``target_hidden_states``, the features ``hidden`` was computed from).
 
         The LM head and cross-entropy run ``config.loss_chunk_blocks`` blocks at a time, in forward
         and in backward (:func:`~harness.models.drafter_loss.chunked_drafter_loss`): memory for
@@ -352,9 +387,15 @@ class DFlashDrafter(nn.Module):
         """
         head = self.lm_head
         labels, weights, misses = self._labels(inputs.labels, inputs.label_valid, inputs.loss_weights)
+        teacher = None
+        if self.distill_weight > 0:
+            if target_hidden_states is None:
+                raise ValueError(f"distill_weight={self.distill_weight}: give prepared_loss the target features")
+            with torch.no_grad():
+                teacher = self.teacher_hidden(inputs, target_hidden_states).to(head.weight.dtype)
         result = chunked_drafter_loss(
             hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid, inputs.layout.keep,
-            self.config.loss_chunk_blocks, misses,
+            self.config.loss_chunk_blocks, misses, teacher, self.distill_weight,
         )
         return self._keep_parameters_in_graph(result, inputs.layout.num_blocks)
 
@@ -427,4 +468,4 @@ class DFlashDrafter(nn.Module):
         :meth:`forward_prepared` and :meth:`prepared_loss` (the training code path)."""
         self._check_inputs(tuple(batch.input_ids.shape), target_hidden_states)
         inputs, _ = self.prepare_inputs(batch, anchors, generator, blocks_per_document)
-        return self.prepared_loss(inputs, self.forward_prepared(inputs, target_hidden_states))
+        return self.prepared_loss(inputs, self.forward_prepared(inputs, target_hidden_states), target_hidden_states)

@@ -47,6 +47,10 @@ class DrafterConfig:
     # draft_vocab_size: the head predicts only this many of the target's tokens, the most frequent labels of the
     # training data (harness.models.draft_vocab; EAGLE-3's and SpecForge's d2t/t2d); None: the whole vocabulary
     draft_vocab_size: int | None = None
+    # distill_weight α: each slot's label is (1 - α)·the token + α·the target's own next-token distribution (soft
+    # labels, EAGLE's practice; the target's final norm and LM head over its last layer, which target_layer_ids must
+    # tap); 0: DFlash's hard labels. Training only: the held-out loss stays the hard labels' CE
+    distill_weight: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +85,8 @@ class DrafterConfig:
             raise ValueError(f"loss_chunk_blocks must be at least 1, got {self.loss_chunk_blocks}")
         if self.mask_token_id is not None and self.mask_token_id < 0:
             raise ValueError(f"mask_token_id must be >= 0 or null, got {self.mask_token_id}")
+        if isinstance(self.distill_weight, bool) or not 0.0 <= float(self.distill_weight) <= 1.0:
+            raise ValueError(f"distill_weight must be in [0, 1] (0: hard labels only), got {self.distill_weight}")
         resolve_loss_decay_gamma(self.block_size, self.loss_decay_gamma)
 
     @property

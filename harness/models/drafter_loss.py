@@ -192,7 +192,8 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, lm_head, labels, weights, label_valid, keep, chunk, need_grad):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, lm_head, labels, weights, label_valid, keep, chunk, need_grad,  # noqa: D102
+                teacher=None, distill_weight=0.0):
         num_blocks, num_slots, width = hidden.shape
         dtype = torch.promote_types(weight.dtype, torch.float32)
         weighted_ce = torch.zeros((), dtype=dtype, device=hidden.device)
@@ -207,10 +208,17 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             w = weights[start:stop].reshape(-1).to(dtype)
             logits, lse, ce, hits = _chunk_cross_entropy(lm_head, x, y, dtype)  # the only logits alive
             correct[start:stop] = hits.view(stop - start, num_slots)
+            soft = None
+            if teacher is not None:  # the label: (1 - α)·onehot + α·the target's own distribution q
+                soft = torch.softmax(lm_head(teacher[start:stop].reshape(-1, width)).to(dtype), dim=-1)
+                ce = (1.0 - distill_weight) * ce + distill_weight * (lse - (soft * logits).sum(dim=-1))
             weighted_ce += (ce * w).sum()
             if any(need_grad):
                 probs = logits.sub_(lse[:, None]).exp_().mul_(w[:, None])  # in place: w·softmax
-                probs.scatter_add_(1, y[:, None], -w[:, None])  # w·(softmax - onehot)
+                hard = w if soft is None else (1.0 - distill_weight) * w
+                probs.scatter_add_(1, y[:, None], -hard[:, None])  # w·(softmax - label)
+                if soft is not None:
+                    probs.sub_(soft.mul_(distill_weight * w[:, None]))
                 grad_logits = probs.to(weight.dtype)
                 if grad_hidden is not None:
                     grad_hidden[start:stop] = (grad_logits @ weight).view(stop - start, num_slots, width)
@@ -219,7 +227,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
                 if grad_bias is not None:
                     grad_bias += grad_logits.sum(dim=0).to(dtype)
                 del probs, grad_logits
-            del logits
+            del logits, soft
         correct &= label_valid
         ctx.save_for_backward(*(t for t in (grad_hidden, grad_weight, grad_bias) if t is not None))
         ctx.have = tuple(t is not None for t in (grad_hidden, grad_weight, grad_bias))
@@ -232,7 +240,7 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
         saved = iter(ctx.saved_tensors)
         grads = [next(saved) if have else None for have in ctx.have]
         grads = [None if g is None else (g * grad_output.to(g.dtype)).to(dt) for g, dt in zip(grads, ctx.dtypes)]
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None, None)
 
 
 def chunked_drafter_loss(
@@ -244,9 +252,16 @@ def chunked_drafter_loss(
     keep: torch.Tensor,
     chunk_blocks: int,
     misses: torch.Tensor | None = None,
+    teacher: torch.Tensor | None = None,
+    distill_weight: float = 0.0,
 ) -> DrafterLoss:
     """The sums of :func:`drafter_loss` from the block hidden states ``[NB, B-1, D]`` (after the final
     norm, cast to the head's dtype), with the LM head applied ``chunk_blocks`` blocks at a time.
+
+    ``teacher`` ``[NB, B-1, D]`` (the target's own last hidden states after its final norm, at the position before
+    each slot's label): each slot's label becomes ``(1 - distill_weight)·onehot + distill_weight·softmax(head(teacher))``
+    (soft labels from the target's next-token distribution over the same head; EAGLE's practice), its CE
+    ``-Σ label·log softmax``. Accuracy and τ still count argmax hits of the hard labels.
 
     ``loss_weights`` ``[NB, B-1]`` are the decayed weights (zero where a label does not count). The
     logits of all blocks never exist at once, in forward or backward (:class:`_ChunkedHeadCrossEntropy`).
@@ -258,9 +273,14 @@ def chunked_drafter_loss(
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
     grad_on = torch.is_grad_enabled()
     need_grad = tuple(bool(grad_on and t is not None and t.requires_grad) for t in (hidden, weight, bias))
+    if teacher is not None and tuple(teacher.shape) != tuple(hidden.shape):
+        raise ValueError(f"teacher has shape {tuple(teacher.shape)}, expected the hidden states' {tuple(hidden.shape)}")
+    if not 0.0 <= distill_weight <= 1.0:
+        raise ValueError(f"distill_weight must be in [0, 1], got {distill_weight}")
     weighted_ce, correct = _ChunkedHeadCrossEntropy.apply(
         hidden, weight, bias, lm_head, labels, loss_weights, _hittable(label_valid, misses), keep,
-        int(chunk_blocks), need_grad
+        int(chunk_blocks), need_grad, None if teacher is None or distill_weight == 0 else teacher.detach(),
+        float(distill_weight)
     )
     dtype = weighted_ce.dtype
     with torch.no_grad():

@@ -317,9 +317,14 @@ class HybridTarget(nn.Module):
         """
         return self.compute_logits(batch, gdn_backend)
 
+    @property
+    def final_norm(self) -> nn.Module:
+        """The norm between the last decoder layer and the LM head."""
+        return self.model.norm
+
     def next_token_logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         """Logits from the last decoder layer's output (the final norm, then the LM head)."""
-        return self.lm_head(self.model.norm(last_hidden))
+        return self.lm_head(self.final_norm(last_hidden))
 
     def compute_logits(self, batch: TokenBatch, gdn_backend: str = "auto") -> torch.Tensor:
         """:meth:`logits` without ``no_grad``: records autograd for parameters that require grad.

@@ -103,6 +103,9 @@ class TrainerConfig:
     nproc: int = 1  # ranks this job starts (ignored under an external torchrun/SLURM launch)
     device: str = "cpu"
     precision: str = "fp32"  # activations of target and drafter; drafter master weights stay fp32
+    # the drafter's activations alone (autocast), the target's left at ``precision``: a bf16 drafter over fp32
+    # target features (and their cache) as they were. None: ``precision``
+    drafter_precision: Optional[str] = None
     max_tokens: int = 2048  # micro-batch budget: computed token slots (padded) or row capacity (packed)
     max_samples: Optional[int] = None
     grad_accum: int = 1
@@ -132,6 +135,8 @@ class TrainerConfig:
         _choice("trainer.device", self.device, DEVICES)
         _choice("trainer.target_features", self.target_features, TARGET_FEATURES)
         _choice("trainer.precision", self.precision, PRECISIONS)
+        if self.drafter_precision is not None:
+            _choice("trainer.drafter_precision", self.drafter_precision, PRECISIONS)
         _choice("trainer.oversize", self.oversize, OVERSIZE_POLICIES)
         for name in ("nproc", "max_tokens", "grad_accum", "acf_lags", "collective_timeout_s"):
             _at_least(f"trainer.{name}", getattr(self, name), 1)

@@ -63,6 +63,12 @@ def run_dtype(config: RunConfig) -> torch.dtype:
     return torch.bfloat16 if config.trainer.precision == "bf16" else torch.float32
 
 
+def drafter_dtype(config: RunConfig) -> torch.dtype:
+    """The drafter's activations' dtype (``trainer.drafter_precision``, else ``trainer.precision``)."""
+    precision = config.trainer.drafter_precision or config.trainer.precision
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget | CausalLMTarget:
     """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
     from harness.models.target import HybridTarget
@@ -107,7 +113,7 @@ class DrafterObjective(torch.nn.Module):
         if batch.empty:
             return self.drafter.empty_loss(self.drafter.fc.weight.device)
         hidden = self.drafter.forward_prepared(batch.drafter, features)
-        return self.drafter.prepared_loss(batch.drafter, hidden)
+        return self.drafter.prepared_loss(batch.drafter, hidden, features)
 
 
 class DrafterModel:
@@ -122,6 +128,7 @@ class DrafterModel:
         any rows of the head cost the same, and the first ones are taken."""
         self.device = device
         self.dtype = run_dtype(config)
+        self.drafter_dtype = drafter_dtype(config)
         self.target = build_target(config, self.dtype, device)
         from harness.models.drafter import DFlashDrafter
 
@@ -129,7 +136,8 @@ class DrafterModel:
         torch.manual_seed(config.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
         self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,
-                                     self.target.num_layers, draft_vocab).to(device=device, dtype=torch.float32)
+                                     self.target.num_layers, draft_vocab, self.target.final_norm
+                                     ).to(device=device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)
         self.parameters = [p for p in self.drafter.parameters() if p.requires_grad]
         self.distributed = False
@@ -153,7 +161,14 @@ class DrafterModel:
         return self.objective.no_sync() if (self.distributed and skip) else contextlib.nullcontext()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
+        """The drafter's autocast (bf16 when ``drafter_dtype`` is); wraps drafter work only, never the target's."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.drafter_dtype == torch.bfloat16)
+
+    def target_autocast(self) -> contextlib.AbstractContextManager:
+        """Where target and drafter run interleaved (speculative decoding): the drafter's autocast when the two
+        share a precision, else none (an fp32 target never computes in bf16; the drafter then runs in fp32)."""
+        same = self.drafter_dtype == self.dtype
+        return self.autocast() if same else contextlib.nullcontext()
 
     def synchronize(self) -> None:
         """Wait for the device (stage times on CUDA)."""

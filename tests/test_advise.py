@@ -75,6 +75,13 @@ def test_the_cache_key_changes_with_machine_device_dtype_budget_and_configs():
         keys.add(cal.calibration_key(**{**base, **change}))
     assert len(keys) == 7
     assert cal.calibration_key(**base) == cal.calibration_key(**base)
+    # soft labels cost a teacher head: keyed when set; unset (0), the key of a drafter from before the setting
+    assert cal.calibration_key(**{**base, "drafter": {"layers": 2, "distill_weight": 0.0}}) == cal.calibration_key(**base)
+    assert cal.calibration_key(**{**base, "drafter": {"layers": 2, "distill_weight": 0.5}}) not in keys
+    # a bf16 drafter over an fp32 target is calibrated apart from both precisions
+    assert cal.stage_precisions({"precision": "fp32", "drafter_precision": None}) == "fp32"
+    assert cal.stage_precisions({"precision": "fp32", "drafter_precision": "fp32"}) == "fp32"
+    assert cal.stage_precisions({"precision": "fp32", "drafter_precision": "bf16"}) not in ("fp32", "bf16")
 
 
 def config(max_tokens=1024):

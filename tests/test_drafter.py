@@ -387,7 +387,8 @@ def test_drafter_learns_a_task_that_needs_the_visible_context():
     assert sum(losses[-10:]) < 0.6 * sum(losses[:10])
 
 
-def make_distilling_drafter(distill_weight: float, chunk: int = 256) -> tuple[DFlashDrafter, nn.Module]:
+def make_distilling_drafter(distill_weight: float, chunk: int = 256,
+                            dtype: torch.dtype = torch.float64) -> tuple[DFlashDrafter, nn.Module]:
     """A drafter whose deepest tap is the target's last layer (3), with soft labels from a stand-in final norm."""
     torch.manual_seed(0)
     config = DrafterConfig(
@@ -395,10 +396,10 @@ def make_distilling_drafter(distill_weight: float, chunk: int = 256) -> tuple[DF
         block_size=4, num_anchors=6, loss_decay_gamma=3.0, target_layer_ids=[1, TARGET_LAYERS - 1],
         initializer_range=0.2, distill_weight=distill_weight, loss_chunk_blocks=chunk,
     )
-    embed, head = nn.Embedding(VOCAB, HIDDEN).double(), nn.Linear(HIDDEN, VOCAB, bias=False).double()
-    final_norm = nn.LayerNorm(HIDDEN).double()
+    embed, head = nn.Embedding(VOCAB, HIDDEN).to(dtype), nn.Linear(HIDDEN, VOCAB, bias=False).to(dtype)
+    final_norm = nn.LayerNorm(HIDDEN).to(dtype)
     final_norm.weight.data.uniform_(0.5, 1.5)
-    return DFlashDrafter(config, embed, head, TARGET_LAYERS, final_norm=final_norm).double(), final_norm
+    return DFlashDrafter(config, embed, head, TARGET_LAYERS, final_norm=final_norm).to(dtype), final_norm
 
 
 def test_soft_labels_take_the_targets_prediction_at_the_position_before_each_label():
@@ -457,3 +458,22 @@ def test_soft_labels_need_the_targets_last_layer_and_a_weight_in_0_1():
     with pytest.raises(ValueError, match=r"last layer \(3\).*add 3 to target_layer_ids"):
         DFlashDrafter(config, nn.Embedding(VOCAB, HIDDEN), nn.Linear(HIDDEN, VOCAB), TARGET_LAYERS,
                       final_norm=nn.LayerNorm(HIDDEN))
+
+
+def test_soft_labels_under_a_bf16_drafter_come_from_the_target_in_fp32():
+    """Under the drafter's bf16 autocast the drafter's logits are bf16, but the target's side of the soft labels
+    (its final norm, its head over the teacher's hidden states) stays at the fp32 target's precision."""
+    drafter, final_norm = make_distilling_drafter(1.0, chunk=2, dtype=torch.float32)
+    outputs = {"head": [], "norm": []}
+    drafter.lm_head.register_forward_hook(lambda module, args, out: outputs["head"].append(out.dtype))
+    final_norm.register_forward_hook(lambda module, args, out: outputs["norm"].append(out.dtype))
+    documents = [torch.randint(0, VOCAB, (n,)) for n in (10, 14)]
+    features = [[f.float() for f in doc] for doc in random_features([10, 14], seed=4)]
+    batch, states = packed_inputs(documents, features)
+    inputs, _ = drafter.prepare_inputs(batch, [torch.tensor([1, 4]), torch.tensor([0, 3, 9])])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sums = drafter.prepared_loss(inputs, drafter.forward_prepared(inputs, states), states)
+    sums.weighted_ce_sum.backward()
+    chunks = 3  # 5 blocks, 2 a chunk: the drafter's logits and the teacher's, once a chunk each
+    assert sorted(outputs["head"], key=str) == [torch.bfloat16] * chunks + [torch.float32] * chunks
+    assert outputs["norm"] == [torch.float32]

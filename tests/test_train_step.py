@@ -334,19 +334,39 @@ def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache)
             assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
 
 
-def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path, batchlab_cache):
+def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path, batchlab_cache, monkeypatch):
     """trainer.drafter_precision=bf16: the drafter's forward in bf16 autocast (its losses move by bf16 rounding
-    only), the target's features and their cache key those of the fp32 run, its τ real target side fp32."""
+    only), the target never (training, held-out loss and live τ real: its proposals in bf16, the target's
+    verification not), the target's features and their cache key those of the fp32 run."""
+    from harness.eval import speculative
+    from harness.models.target import HybridTarget
     from harness.train.feature_cache import cache_key
     from harness.train.rank_models import DrafterModel
 
+    seen = {"target": [], "proposals": []}
+    target_forward, propose = HybridTarget.forward, speculative._propose
+
+    def target_recording(*args, **kwargs):
+        seen["target"].append(torch.is_autocast_enabled("cpu"))
+        return target_forward(*args, **kwargs)
+
+    def propose_recording(*args, **kwargs):
+        seen["proposals"].append(torch.is_autocast_enabled("cpu"))
+        return propose(*args, **kwargs)
+
+    monkeypatch.setattr(HybridTarget, "forward", target_recording)
+    monkeypatch.setattr(speculative, "_propose", propose_recording)
     data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(24, 12, 60, 300, seed=5))
     common = [*IN_PROCESS, *_data_overrides(data), "strategy=sorted", "trainer.max_tokens=256",
-              "trainer.stop_tokens=600", "eval.every_tokens=1000000"]
+              "trainer.stop_tokens=600", "eval.every_tokens=1000000", "eval.real_replay=false",
+              "eval.real_prompts=2", "eval.real_new_tokens=6"]
     records = {}
     for precision in ("fp32", "bf16"):
         config = compose_config([*common, f"trainer.drafter_precision={precision}"])
+        seen["target"].clear(), seen["proposals"].clear()
         run(config, tmp_path / precision)
+        assert seen["target"] and not any(seen["target"])  # every target forward outside autocast
+        assert seen["proposals"] and all(enabled == (precision == "bf16") for enabled in seen["proposals"])
         records[precision] = read_jsonl(tmp_path / precision / "metrics.jsonl")
         models = DrafterModel(run_config_from_dict(config), torch.device("cpu"))
         assert models.target.embed_tokens.weight.dtype == torch.float32  # the target stays at trainer.precision

@@ -184,9 +184,15 @@ def machine_identity(device: str) -> dict:
     return identity
 
 
+def drafter_identity(drafter: dict) -> dict:
+    """The drafter's settings as the calibration and link caches key them: ``distill_weight`` only when set (the
+    keys of drafters without soft labels stay those from before the setting existed)."""
+    return {k: v for k, v in drafter.items() if not (k == "distill_weight" and not v)}
+
+
 def calibration_key(machine: dict, dtype: str, max_tokens: int, target: dict, drafter: dict) -> str:
     return cache.digest({"format": FORMAT_VERSION, "machine": machine, "dtype": dtype, "max_tokens": max_tokens,
-                         "target": target, "drafter": drafter, "repeats": REPEATS})
+                         "target": target, "drafter": drafter_identity(drafter), "repeats": REPEATS})
 
 
 #: shapes measured per start of the concurrent ranks (their results are saved after each group)

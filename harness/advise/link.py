@@ -28,7 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from harness.advise.calibrate import CACHE_SUBDIR, REPEATS, _write_atomic, design, fit, machine_identity, shape_batch
+from harness.advise.calibrate import (
+    CACHE_SUBDIR,
+    REPEATS,
+    _write_atomic,
+    design,
+    drafter_identity,
+    fit,
+    machine_identity,
+    shape_batch,
+)
 from harness.advise.schedule import LinkCost
 from harness.data import cache
 
@@ -40,7 +49,8 @@ def link_key(config_dict: dict[str, Any]) -> str:
     trainer = config_dict["trainer"]
     return cache.digest({"format": FORMAT_VERSION, "machine": machine_identity(trainer["device"]),
                          "precision": trainer["precision"], "max_tokens": int(trainer["max_tokens"]),
-                         "target": config_dict["target"], "drafter": config_dict["drafter"], "repeats": REPEATS})
+                         "target": config_dict["target"], "drafter": drafter_identity(config_dict["drafter"]),
+                         "repeats": REPEATS})
 
 
 def calibrate_link(config_dict: dict[str, Any], cache_dir: Path, progress: bool = True) -> tuple[LinkCost, dict]:

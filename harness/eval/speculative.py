@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,12 +193,14 @@ def speculative_decode_batch(
     eos_id: int | None = None,
     *,
     gdn_backend: str = "auto",
+    drafter_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> list[SpeculativeResult]:
     """:func:`speculative_decode` of several prompts at once: every round drafts for all unfinished
     prompts in one drafter forward and verifies them in one (padded) target forward.
 
     Each prompt's result is its own (the rows never see each other): the same as decoding it alone,
-    counting only its own rounds.
+    counting only its own rounds. ``drafter_context()`` wraps each drafter forward (the drafter's own
+    autocast, where it differs from the target's).
     """
     sequences = [_check_request(p, max_new_tokens) for p in prompts]
     max_new_tokens = int(max_new_tokens)
@@ -224,7 +226,8 @@ def speculative_decode_batch(
             result.target_forwards = 1
         active = [i for i, r in enumerate(results) if not finished(r)]
         while active:
-            drafts = _propose(drafter, [sequences[i] for i in active], [contexts[i] for i in active], device)
+            with drafter_context() if drafter_context is not None else contextlib.nullcontext():
+                drafts = _propose(drafter, [sequences[i] for i in active], [contexts[i] for i in active], device)
             # Verification: one forward over sequence + drafts; the target's token after x_t .. d_{B-1}.
             candidates = [sequences[i] + draft for i, draft in zip(active, drafts)]
             positions = [list(range(len(sequences[i]) - 1, len(sequences[i]) - 1 + block)) for i in active]
@@ -287,8 +290,10 @@ def evaluate_acceptance(
     eos_id: int | None = None,
     batch_size: int = 16,
     gdn_backend: str = "auto",
+    drafter_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> dict[str, Any]:
-    """Real acceptance of ``drafter`` on ``prompts``: greedy speculative decoding against ``target``.
+    """Real acceptance of ``drafter`` on ``prompts``: greedy speculative decoding against ``target``
+    (``drafter_context``: see :func:`speculative_decode_batch`).
 
     Returns:
         ``eval_tau_real``: mean tokens gained per verification forward, over all verification
@@ -315,7 +320,7 @@ def evaluate_acceptance(
         for first in range(0, len(prompts), int(batch_size)):
             results.extend(speculative_decode_batch(
                 target, drafter, prompts[first : first + int(batch_size)], max_new_tokens, eos_id,
-                gdn_backend=gdn_backend))
+                gdn_backend=gdn_backend, drafter_context=drafter_context))
     return acceptance_summary(results, block, len(prompts), time.perf_counter() - start)
 
 

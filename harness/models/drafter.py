@@ -391,7 +391,8 @@ class DFlashDrafter(nn.Module):
         if self.distill_weight > 0:
             if target_hidden_states is None:
                 raise ValueError(f"distill_weight={self.distill_weight}: give prepared_loss the target features")
-            with torch.no_grad():
+            # the target's side at the target's precision: outside the drafter's autocast (here and in the head)
+            with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
                 teacher = self.teacher_hidden(inputs, target_hidden_states).to(head.weight.dtype)
         result = chunked_drafter_loss(
             hidden.to(head.weight.dtype), head, labels, weights, inputs.label_valid, inputs.layout.keep,

@@ -209,8 +209,9 @@ class _ChunkedHeadCrossEntropy(torch.autograd.Function):
             logits, lse, ce, hits = _chunk_cross_entropy(lm_head, x, y, dtype)  # the only logits alive
             correct[start:stop] = hits.view(stop - start, num_slots)
             soft = None
-            if teacher is not None:  # the label: (1 - α)·onehot + α·the target's own distribution q
-                soft = torch.softmax(lm_head(teacher[start:stop].reshape(-1, width)).to(dtype), dim=-1)
+            if teacher is not None:  # the label: (1 - α)·onehot + α·the target's own distribution q, computed at
+                with torch.autocast(hidden.device.type, enabled=False):  # the head's precision (not the drafter's)
+                    soft = torch.softmax(lm_head(teacher[start:stop].reshape(-1, width)).to(dtype), dim=-1)
                 ce = (1.0 - distill_weight) * ce + distill_weight * (lse - (soft * logits).sum(dim=-1))
             weighted_ce += (ce * w).sum()
             if any(need_grad):

@@ -165,10 +165,10 @@ class DrafterModel:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.drafter_dtype == torch.bfloat16)
 
     def target_autocast(self) -> contextlib.AbstractContextManager:
-        """Where target and drafter run interleaved (speculative decoding): the drafter's autocast when the two
-        share a precision, else none (an fp32 target never computes in bf16; the drafter then runs in fp32)."""
-        same = self.drafter_dtype == self.dtype
-        return self.autocast() if same else contextlib.nullcontext()
+        """The target's autocast (bf16 when ``trainer.precision`` is), where it runs under the evaluator: an fp32
+        target never computes in bf16, whatever the drafter's precision; the drafter's work inside it takes
+        :meth:`autocast` (which overrides it both ways)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
 
     def synchronize(self) -> None:
         """Wait for the device (stage times on CUDA)."""

@@ -200,7 +200,8 @@ class Evaluator:
             else:
                 with self.model.target_autocast():
                     result = evaluate_acceptance(self.model.target, self.model.drafter, mine,
-                                                 settings.real_new_tokens, gdn_backend=self.gdn_backend, **stop)
+                                                 settings.real_new_tokens, gdn_backend=self.gdn_backend,
+                                                 drafter_context=self.model.autocast, **stop)
             vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
             vector[block] = result["eval_real_tokens"]
             vector[block + 1] = result["eval_real_target_forwards"]

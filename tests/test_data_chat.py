@@ -520,38 +520,3 @@ def test_assistant_turns_before_the_first_user_turn_are_dropped_and_counted(chat
     assert "1 bad dropped (1 no assistant turn)" in samples.source
     with pytest.raises(DataValidationError, match="line 3: no assistant turn answering a user turn"):
         load(path, chat_tokenizer)
-
-
-def test_tau_real_stops_a_reply_at_the_tokenizers_end_of_turn(chat_tokenizer, tmp_path, batchlab_cache, monkeypatch):
-    """Conversations tokenized by a tokenizer directory or GGUF file: τ real's decoding stops each continuation at
-    its end-of-turn token, where the regenerated replies stop (the target's side and the drafter's); the embedded
-    code corpus has no stop."""
-    from train_support import compose_config
-    from transformers import AutoTokenizer
-
-    from harness.eval import replay
-    from harness.eval.regenerate import end_of_turn_id
-    from harness.train.launch.run import run
-
-    end_of_turn = AutoTokenizer.from_pretrained(str(chat_tokenizer)).convert_tokens_to_ids("<|im_end|>")
-    path = write([{"messages": CONVERSATION}] * 24, tmp_path / "chats.jsonl")
-    assert end_of_turn_id(load(path, chat_tokenizer)) == end_of_turn
-    assert end_of_turn_id(load_samples(DataConfig(max_documents=4), progress=False)) is None  # the embedded code
-    asked = []
-    for name in ("prepare_replay", "replay_acceptance"):
-        original = getattr(replay, name)
-
-        def recording(*args, _original=original, _name=name, **kwargs):
-            asked.append((_name, kwargs.get("eos_id")))
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(replay, name, recording)
-    config = compose_config(["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none",
-                             "trainer.progress=false", f"data.source={path}", "data.format=conversations",
-                             f"data.tokenizer={chat_tokenizer}", f"data.vocab_size={VOCAB}", "data.max_documents=null",
-                             "trainer.stop_tokens=300", "eval.real_replay=true", "eval.real_prompts=2",
-                             "eval.real_new_tokens=4"])
-    summary = run(config, tmp_path / "run")
-    assert summary["status"] == "complete"
-    assert {name for name, _ in asked} == {"prepare_replay", "replay_acceptance"}
-    assert all(eos == end_of_turn for _, eos in asked), asked

@@ -261,19 +261,6 @@ def load_target(target_spec: str | Path, vocab_size: int | None = None) -> Any:
     return HybridTarget(config)
 
 
-def end_of_turn_id(samples: TokenizedSamples) -> int | None:
-    """Where the target's reply ends in data tokenized by a tokenizer directory or GGUF file (a user's, or the
-    embedded chat corpus's; chat template or not): its end-of-turn (eos) token; None for other data (the embedded
-    code corpus: nothing stops a continuation early).
-    Regenerated replies stop there, and so does τ real's decoding of the same target."""
-    user_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
-    if not user_tokenizer or not (user_tokenizer.is_dir() or user_tokenizer.suffix.lower() == GGUF_SUFFIX):
-        return None
-    from harness.data.chat.encode import load_hf_tokenizer
-
-    return load_hf_tokenizer(user_tokenizer).eos_token_id
-
-
 def regenerate(
     data: DataConfig, target_spec: str | Path, settings: RegenerateSettings, *, batch_size: int = 32,
     progress: bool = True, samples: TokenizedSamples | None = None, target: Any = None, decoder: str = "hf",
@@ -283,8 +270,12 @@ def regenerate(
     Conversations stop each regenerated turn at their chat tokenizer's end-of-turn token unless
     ``settings.eos_id`` says otherwise."""
     samples = samples if samples is not None else load_samples(data, progress=progress)
-    if settings.eos_id is None:
-        settings = dataclasses.replace(settings, eos_id=end_of_turn_id(samples))
+    user_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
+    if settings.eos_id is None and user_tokenizer and (user_tokenizer.is_dir() or user_tokenizer.suffix.lower() == GGUF_SUFFIX):
+        from harness.data.chat.encode import load_hf_tokenizer
+
+        eos = load_hf_tokenizer(user_tokenizer).eos_token_id  # a directory's or a GGUF file's, template or not
+        settings = dataclasses.replace(settings, eos_id=eos)
     key = cache.digest({
         "format": FORMAT_VERSION, "data": samples.fingerprint, "target": target_identity(target_spec),
         "vocab_size": samples.vocab_size, "settings": settings.__dict__, "decoder": decoder,

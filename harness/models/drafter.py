@@ -367,9 +367,9 @@ class DFlashDrafter(nn.Module):
         last = documents.gather(states[self._teacher_tap])  # [N, D]
         slots = torch.arange(self.block_size - 1, device=last.device)
         lengths = documents.doc_lengths[layout.doc_index]
-        position = torch.minimum(layout.anchor[:, None] + slots, (lengths - 1).clamp_min(0)[:, None])
+        position = torch.minimum(layout.anchor[:, None] + slots, lengths[:, None] - 1)  # documents are never empty
         flat = documents.doc_starts[layout.doc_index][:, None] + position
-        return self._final_norm[0](last[flat.clamp(0, max(documents.num_tokens - 1, 0))])
+        return self._final_norm[0](last[flat])
 
     def prepared_loss(self, inputs: DrafterInputs, hidden: torch.Tensor,
                       target_hidden_states: Any = None) -> DrafterLoss:

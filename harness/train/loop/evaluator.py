@@ -52,7 +52,6 @@ class Evaluator:
         self.progress = progress  # a bar of its own while it runs (the training bar stands still meanwhile)
         self._real_prompts: list | None = None
         self._replay: list | None = None  # eval.real_replay: this rank's prompts, the target's side cached
-        self._end_of_turn: tuple[int | None] | None = None  # where a reply ends (the data's tokenizer), found once
         # (cache directory, the target's identity): the target's side kept in the batchlab cache for every run
         # that replays the same prompts against the same target (None: computed by each run)
         self.replay_cache = replay_cache
@@ -170,12 +169,6 @@ class Evaluator:
         if self._real_prompts is None:
             self._real_prompts = heldout_prompts(data.samples, data.eval_rows, settings.real_prompt_tokens,
                                                  settings.real_prompts)
-        if self._end_of_turn is None:  # a reply ends at its end-of-turn token, as the regenerated replies do
-            from harness.eval.regenerate import end_of_turn_id
-
-            self._end_of_turn = (end_of_turn_id(data.samples),)
-        eos = self._end_of_turn[0]
-        stop = {} if eos is None else {"eos_id": eos}  # (no option: the same replay cache key as before)
         env = self.comm.env
         mine = self._real_prompts[env.rank::env.world_size]
         block = self.model.drafter.block_size
@@ -190,18 +183,17 @@ class Evaluator:
                     if self._replay is None and self.replay_cache is not None:
                         cache_dir, identity = self.replay_cache
                         self._replay = cached_replay(cache_dir, identity, lambda: self.model.target, mine,
-                                                     settings.real_new_tokens, taps, gdn_backend=self.gdn_backend,
-                                                     **stop)
+                                                     settings.real_new_tokens, taps, gdn_backend=self.gdn_backend)
                     elif self._replay is None:
                         self._replay = prepare_replay(self.model.target, mine, settings.real_new_tokens, taps,
-                                                      gdn_backend=self.gdn_backend, **stop)
+                                                      gdn_backend=self.gdn_backend)
                 with self.model.autocast():
-                    result = replay_acceptance(self.model.drafter, self._replay, settings.real_new_tokens, **stop)
+                    result = replay_acceptance(self.model.drafter, self._replay, settings.real_new_tokens)
             else:
                 with self.model.target_autocast():
                     result = evaluate_acceptance(self.model.target, self.model.drafter, mine,
                                                  settings.real_new_tokens, gdn_backend=self.gdn_backend,
-                                                 drafter_context=self.model.autocast, **stop)
+                                                 drafter_context=self.model.autocast)
             vector[:block] = torch.tensor(result["eval_tau_real_hist"], dtype=torch.float64)
             vector[block] = result["eval_real_tokens"]
             vector[block + 1] = result["eval_real_target_forwards"]

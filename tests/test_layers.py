@@ -13,6 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: the most modules one package (a "room") holds before it should be split by concern
 MAX_ROOM = 15
+#: the project's packages (pyproject.toml's import-linter root_packages)
+PACKAGES = ("batchlab", "harness", "strategies", "analysis")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -33,7 +35,7 @@ def test_an_import_up_the_layers_breaks_the_contract_naming_it(tmp_path):
     copy = tmp_path / "tree"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy)
-    for package in ("harness", "strategies", "analysis"):
+    for package in PACKAGES:
         shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
     link = copy / "harness/train/placement/link.py"
     link.write_text(link.read_text() + "\n\ndef _upward():\n    from harness.train.loop import trainer  # noqa\n")
@@ -43,7 +45,7 @@ def test_an_import_up_the_layers_breaks_the_contract_naming_it(tmp_path):
     assert "harness.train.placement.link -> harness.train.loop.trainer" in result.stdout
 
 
-@pytest.mark.parametrize("package", ["harness", "strategies", "analysis"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_room_holds_more_than_a_newcomer_can_name(package):
     """Every package (a folder of modules) holds at most MAX_ROOM modules; more means two concerns share it."""
     crowded = {}
@@ -58,14 +60,14 @@ def test_no_room_holds_more_than_a_newcomer_can_name(package):
 
 def test_every_package_folder_is_a_regular_package():
     """A folder of modules without ``__init__.py`` is a namespace package the layering tools cannot see."""
-    missing = [str(p.relative_to(ROOT)) for package in ("harness", "strategies", "analysis")
+    missing = [str(p.relative_to(ROOT)) for package in PACKAGES
                for p in [ROOT / package, *(ROOT / package).rglob("*")]
                if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py")) and not (p / "__init__.py").exists()]
     assert not missing, missing
 
 
 #: the project's own packages (a private name of torch or another library is that library's business)
-PROJECT = ("harness", "strategies", "analysis")
+PROJECT = PACKAGES
 
 
 def _private_imports(path: Path, package: str) -> list[str]:
@@ -99,7 +101,7 @@ def test_no_module_imports_a_private_name_from_outside_its_package():
     """Private names (``_x``) and private modules (``pkg._mod``) stay inside their package; the strategy plugin
     API is exported by ``strategies`` (the plugin test imports only public names)."""
     found = []
-    for top in ("harness", "strategies", "analysis", "tests", "benchmarks"):
+    for top in (*PACKAGES, "tests", "benchmarks"):
         for path in (ROOT / top).rglob("*.py"):
             package = ".".join(path.relative_to(ROOT).parent.parts)
             found += _private_imports(path, package)

@@ -4,7 +4,8 @@ It differs from ``Trainer`` only in where batches come from: each rank's micro-b
 (:class:`~batchlab.sampler.StrategyBatchSampler`, ``gradient_accumulation_steps`` of them a step), all epochs as one
 sequence (:class:`~batchlab.run_batches.RunBatches`, so epochs of different lengths lose nothing), a collator for the
 layout, and ``batchlab_sampler.json`` in every checkpoint: resuming continues mid-epoch with the same batches, also on
-another number of processes. Rationale: docs/design.md.
+another number of processes (the ``Trainer`` skips the steps done as placeholders its loader never collates).
+Rationale: docs/design.md §12.
 """
 
 from __future__ import annotations
@@ -86,22 +87,8 @@ class BatchlabTrainer(Trainer):
         """The whole run is one ``Trainer`` epoch of :attr:`run_batches`: its steps are exactly the plans' steps."""
         values = super().set_initial_training_values(args, dataloader)
         total_train_batch_size = values[4]
-        steps = self.run_batches.steps
-        micro_batches = self.run_batches.done_steps * args.gradient_accumulation_steps + len(dataloader)
-        samples = len(self.train_dataset)
-        return 1, steps, samples, int(samples * args.num_train_epochs), total_train_batch_size, micro_batches, steps
-
-    def get_resumed_dataloader(self, dataloader: DataLoader, num_batches: int) -> DataLoader:
-        """The loader already starts after the checkpoint's step (:class:`RunBatches` resumed), so nothing is skipped
-        or read twice."""
-        expected = self.run_batches.done_steps * self.args.gradient_accumulation_steps
-        if num_batches != expected:
-            raise ValueError(
-                f"the Trainer would skip {num_batches} micro-batches, but the checkpoint's batches stand after "
-                f"{self.run_batches.done_steps} steps ({expected}); the checkpoint's trainer_state.json and "
-                f"{STATE_FILE} disagree"
-            )
-        return dataloader
+        steps, samples = self.run_batches.steps, len(self.train_dataset)
+        return 1, steps, samples, int(samples * args.num_train_epochs), total_train_batch_size, len(dataloader), steps
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:

@@ -26,7 +26,9 @@ class RunBatches(Sampler[list[int]]):
         epochs: how many epochs; a fraction runs the first ``ceil(f * steps)`` steps of the last one.
         max_steps: or a number of optimizer steps (as many epochs as they take); wins over ``epochs``.
         resume: ``{"global_step": g, "sampler": state}`` written by :meth:`checkpoint` after step ``g``: the run
-            continues after it, and counts those ``g`` steps as done (:attr:`done_steps`).
+            continues after it. The sequence then opens with ``g * grad_accum`` empty placeholders for the steps
+            done, which a step-counting trainer skips (the ``Trainer`` skips ``global_step * grad_accum`` batches of
+            its loader's batch sampler on resume, never collating them); the real micro-batches follow.
     """
 
     def __init__(self, sampler: StrategyBatchSampler, epochs: float = 1.0, max_steps: int | None = None,
@@ -73,11 +75,18 @@ class RunBatches(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Ignored: the run's epochs are driven from here (a ``Trainer`` sees the whole run as one epoch)."""
 
+    @property
+    def skipped(self) -> int:
+        """The placeholders the sequence opens with: ``grad_accum`` for each step done before a resume."""
+        return self.done_steps * self.sampler.grad_accum
+
     def __len__(self) -> int:
-        """This rank's micro-batches still to run (what a loader over this sampler yields)."""
-        return sum(self._lengths)
+        """The placeholders of the steps done, then this rank's micro-batches still to run."""
+        return self.skipped + sum(self._lengths)
 
     def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.skipped):
+            yield []
         for index, ((epoch, _, _, _), count) in enumerate(zip(self.segments, self._lengths)):
             if index == 0:
                 self._establish_start()

@@ -68,7 +68,8 @@ def batchlab_cache(tmp_path_factory):
 #: does not end on one of them while the other worker idles (longest-processing-time-first scheduling)
 SLOWEST_MODULES = (
     "test_train_elastic_resume.py", "test_train_launch.py", "test_study_real.py", "test_eval_samples.py",
-    "test_train_disaggregated.py", "test_train_resume.py", "test_train_runs.py", "test_replay.py", "test_advise.py",
+    "test_train_disaggregated.py", "test_train_resume.py", "test_train_runs.py", "test_hf_trainer.py", "test_replay.py",
+    "test_advise.py",
     "test_causal_lm_target.py",
 )
 

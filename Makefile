@@ -155,4 +155,4 @@ fla-interpret: $(FLA_STAMP)
 	$(FLA_VENV)/bin/python benchmarks/fla_interpreter_check.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLA_VENV) .speculators-site .device gpu-check gpu-check-out build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(FLA_VENV) .speculators-site .specforge-site .device gpu-check gpu-check-out build *.egg-info .pytest_cache .hypothesis

@@ -19,12 +19,13 @@ from .collate import EMPTY_KEY, PackedCollator, PaddedCollator, collator_for, em
 from .lengths import DatasetLengthsError, resolve_lengths
 from .run_batches import RunBatches
 from .sampler import SamplerStateError, StrategyBatchSampler
+from .varlen_attention import use_varlen_attention
 
 _LAZY = {"BatchlabTrainer": "hf_trainer", "prepare_dataloader": "accelerate_loader"}
 
 __all__ = [
     "StrategyBatchSampler", "RunBatches", "PackedCollator", "PaddedCollator", "collator_for", "empty_loss", "EMPTY_KEY",
-    "resolve_lengths", "DatasetLengthsError", "SamplerStateError", *_LAZY,
+    "resolve_lengths", "DatasetLengthsError", "SamplerStateError", "use_varlen_attention", *_LAZY,
 ]
 
 

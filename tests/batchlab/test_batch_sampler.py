@@ -3,11 +3,13 @@ world size, refusing a state of another plan; the lengths it reads and the error
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from batchlab import DatasetLengthsError, SamplerStateError, StrategyBatchSampler, resolve_lengths
+from batchlab import DatasetLengthsError, RunBatches, SamplerStateError, StrategyBatchSampler, resolve_lengths
 from strategies import available_strategies, plan
 
 LENGTHS = np.random.default_rng(11).integers(3, 200, 300)
@@ -176,3 +178,43 @@ def test_a_data_loader_takes_it_with_its_collator():
         rows = batch["input_ids"].shape[0]
         assert batch["input_ids"].numel() <= BUDGET  # rows x longest within the budget
         assert batch["attention_mask"].sum() - rows == (batch["labels"] != -100).sum()  # no label on padding
+
+
+def run_of(epochs=2.0, max_steps=None, resume=None, world_size=1, rank=0):
+    sampler = StrategyBatchSampler(LENGTHS, max_tokens=BUDGET, strategy="bucketed", seed=2, grad_accum=2,
+                                   world_size=world_size, rank=rank)
+    return sampler, RunBatches(sampler, epochs=epochs, max_steps=max_steps, resume=resume)
+
+
+def test_a_run_is_its_epochs_one_after_the_other_whatever_their_lengths():
+    sampler, run = run_of(epochs=2)
+    epochs = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        epochs.append(list(sampler))
+    assert len(epochs[0]) != len(epochs[1])  # bucketed epochs differ in length: the case the Trainer gets wrong
+    assert list(run) == epochs[0] + epochs[1] and len(run) == len(epochs[0]) + len(epochs[1])
+    assert run.steps == (len(epochs[0]) + len(epochs[1])) // 2
+    _, half = run_of(epochs=1.5)
+    assert list(half) == epochs[0] + epochs[1][:2 * -(-run.segments[1][3] // 2)]
+    _, capped = run_of(max_steps=run.segments[0][3] + 3)
+    assert list(capped) == epochs[0] + epochs[1][:6] and capped.steps == run.segments[0][3] + 3
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_run_resumed_from_any_step_opens_with_placeholders_then_continues_the_same_batches(world_size):
+    _, whole = run_of(epochs=3)
+    everything = list(whole)
+    for step in (0, 3, whole.segments[0][3], whole.steps - 1):
+        state = json.loads(json.dumps(whole.checkpoint(step)))  # as written to the checkpoint
+        if world_size == 1:
+            _, resumed = run_of(epochs=3, resume=state)
+            assert list(resumed) == [[]] * (2 * step) + everything[2 * step:]
+        else:  # 2 ranks finish the epoch the 1-rank run was in: with its done part, every sample once
+            epoch, first, end, _ = run_of(epochs=3, resume=state, world_size=2, rank=0)[1].segments[0]
+            before = sum(e - f for _, f, e, _ in whole.segments[:epoch])
+            done = everything[2 * before:2 * step]
+            rest = [b for r in (0, 1)
+                    for b in list(run_of(epochs=3, resume=state, world_size=2, rank=r)[1])[2 * step:][:2 * (end - first)]]
+            assert (visits(done + rest) == 1).all(), step
+    assert whole.epoch_progress(0) == 0 and whole.epoch_progress(whole.steps) == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batchlab import EMPTY_KEY, PackedCollator, PaddedCollator, empty_loss
+from batchlab import EMPTY_KEY, PackedCollator, PaddedCollator, empty_loss, use_varlen_attention
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,6 +24,8 @@ def tiny(family: str, attention: str) -> torch.nn.Module:
     else:
         config = transformers.Qwen2Config(**shape)
         model = transformers.Qwen2ForCausalLM(config)
+    if attention == "batchlab_varlen":
+        return use_varlen_attention(model).eval()
     model.config._attn_implementation = attention
     return model.eval()
 
@@ -51,7 +53,7 @@ def one_by_one(model, docs, items):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "batchlab_varlen"])
 def test_a_packed_row_gives_the_loss_and_gradients_of_its_documents_run_one_by_one(family, attention):
     model, docs = tiny(family, attention), documents()
     packed = PackedCollator()(docs)
@@ -81,8 +83,9 @@ def test_the_check_can_fail_a_row_whose_documents_see_each_other(leak):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_padded_rows_give_the_loss_and_gradients_of_their_documents_run_one_by_one(family, side):
-    model, docs = tiny(family, "sdpa"), documents()
+@pytest.mark.parametrize("attention", ["sdpa", "batchlab_varlen"])
+def test_padded_rows_give_the_loss_and_gradients_of_their_documents_run_one_by_one(family, side, attention):
+    model, docs = tiny(family, attention), documents()
     padded = PaddedCollator(pad_token_id=0, padding_side=side)(docs)
     assert padded["input_ids"].shape == (len(DOC_LENGTHS), max(DOC_LENGTHS))
     if side == "left":  # a left-padded row's positions must count from its first real token
@@ -127,3 +130,25 @@ def test_an_empty_micro_batch_joins_the_backward_with_a_zero_loss_and_zero_gradi
     assert loss.item() == 0.0
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and not g.any() for g in grads)  # every parameter took part, with nothing to add
+
+
+def test_the_varlen_attention_runs_per_document_on_a_packed_row_and_as_sdpa_on_padded_rows(monkeypatch):
+    import batchlab.varlen_attention as varlen
+
+    model, docs = tiny("llama", "batchlab_varlen"), documents()
+    assert model.config._attn_implementation == varlen.NAME
+    documents_seen = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):
+        documents_seen.append(query.shape[2])
+        return real_sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(varlen.F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        model(**PackedCollator()(docs))
+    assert documents_seen == list(DOC_LENGTHS) * model.config.num_hidden_layers  # one call per document and layer
+    documents_seen.clear()
+    with torch.no_grad():
+        model(**PaddedCollator()(docs))
+    assert documents_seen == [max(DOC_LENGTHS)] * model.config.num_hidden_layers  # padded: sdpa over the whole rows

@@ -48,6 +48,13 @@ class BatchlabTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if self.train_dataset is None:
             raise ValueError("BatchlabTrainer needs train_dataset: its batches are planned from the samples' lengths")
+        sampling = getattr(self.args, "train_sampling_strategy", None) or (
+            "group_by_length" if getattr(self.args, "group_by_length", False) else "random")
+        if sampling != "random":
+            raise ValueError(
+                f"the TrainingArguments ask for {sampling!r} sampling, but BatchlabTrainer's strategy orders and groups "
+                "the samples itself; leave the Trainer's sampling at its default and pick strategy= instead"
+            )
         self.batch_sampler = StrategyBatchSampler(
             lengths, dataset=self.train_dataset, max_tokens=max_tokens, strategy=strategy,
             strategy_options=strategy_options, max_samples=max_samples, oversize=oversize, balance=balance,

@@ -118,3 +118,14 @@ def test_resuming_from_a_checkpoint_without_the_batch_state_is_refused_naming_th
 
     with pytest.raises(FileNotFoundError, match="batchlab_sampler.json is missing.*not written by BatchlabTrainer"):
         read_checkpoint_state(str(tmp_path))
+
+
+def test_the_trainers_own_length_grouping_is_refused_in_favour_of_a_strategy(tmp_path):
+    from transformers import TrainingArguments
+
+    from batchlab import BatchlabTrainer
+
+    args = TrainingArguments(str(tmp_path), train_sampling_strategy="group_by_length", report_to=[], use_cpu=True)
+    with pytest.raises(ValueError, match="'group_by_length' sampling.*pick strategy="):
+        BatchlabTrainer(model=trainer_worker.tiny_llama(), args=args, train_dataset=trainer_worker.dataset(),
+                        max_tokens=256)

@@ -47,8 +47,8 @@ class PackedCollator:
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
         features = [_cut(feature, self.max_tokens) for feature in features]
         if not features:
-            return {"input_ids": torch.full((1, 1), self.pad_token_id), "labels": torch.full((1, 1), IGNORE_INDEX),
-                    "position_ids": torch.zeros((1, 1), dtype=torch.long), EMPTY_KEY: torch.tensor(True), **self.extra}
+            return {**_empty_batch(self.pad_token_id), "position_ids": torch.zeros((1, 1), dtype=torch.long),
+                    **self.extra}
         return {**self._flatten(features), **self.extra}
 
 
@@ -73,8 +73,7 @@ class PaddedCollator:
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
         features = [_cut(feature, self.max_tokens) for feature in features]
         if not features:
-            return {"input_ids": torch.full((1, 1), self.pad_token_id), "labels": torch.full((1, 1), IGNORE_INDEX),
-                    "attention_mask": torch.ones((1, 1), dtype=torch.long), EMPTY_KEY: torch.tensor(True)}
+            return {**_empty_batch(self.pad_token_id), "attention_mask": torch.ones((1, 1), dtype=torch.long)}
         width = max(len(feature["input_ids"]) for feature in features)
         input_ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(features), width), IGNORE_INDEX, dtype=torch.long)
@@ -103,6 +102,12 @@ def empty_loss(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     with nothing to train on in a step still runs its backward, so DDP's gradient all-reduce is joined, not awaited."""
     inputs = {key: value for key, value in batch.items() if key not in (EMPTY_KEY, "labels")}
     return model(**inputs).logits.sum() * 0.0
+
+
+def _empty_batch(pad_token_id: int) -> dict[str, Any]:
+    """An empty micro-batch's one-token placeholder: a pad with no label, marked :data:`EMPTY_KEY`."""
+    return {"input_ids": torch.full((1, 1), pad_token_id), "labels": torch.full((1, 1), IGNORE_INDEX),
+            EMPTY_KEY: torch.tensor(True)}
 
 
 def _cut(feature: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:

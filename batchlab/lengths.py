@@ -20,7 +20,7 @@ class DatasetLengthsError(ValueError):
 
 
 def resolve_lengths(lengths: Any = None, dataset: Any = None, tokens_column: str = TOKENS_COLUMN) -> np.ndarray:
-    """The length of every sample of ``dataset``, as an int64 array.
+    """The length of every sample of ``dataset``, as a 1-D array (the strategies check its values).
 
     ``lengths`` is one of:
 

@@ -62,7 +62,7 @@ PLAN_SAMPLES, PLAN_RANKS, PLAN_BUDGET = 902_000, 8, 16_384
 # ---------------------------------------------------------------------------------------------- the data
 def conversations(count: int, seed: int) -> list[list[int]]:
     """``count`` ShareGPT conversations (seeded), each rendered by SmolLM2's chat template and cut at CAP tokens."""
-    from harness.data.chat.encode import load_hf_tokenizer
+    from harness.data.hf_tokenizer import load_hf_tokenizer
     from harness.data.chat.read import read_conversations
     from harness.data.wheels import required_wheel_file
 
@@ -81,7 +81,7 @@ def run_path(path: str, data_file: Path, args: argparse.Namespace) -> dict:
                               TrainingArguments)
 
     from batchlab import BatchlabTrainer, use_varlen_attention
-    from harness.data.chat.encode import load_hf_tokenizer
+    from harness.data.hf_tokenizer import load_hf_tokenizer
     from harness.data.wheels import required_wheel_file
     from harness.models.causal_lm_target import dequantized
     from real_target_throughput import resident_peak_mib

@@ -99,7 +99,7 @@ def main() -> None:
     import torch
     from transformers import DataCollatorWithFlattening, DataCollatorWithPadding
 
-    from harness.data.chat.encode import load_hf_tokenizer
+    from harness.data.hf_tokenizer import load_hf_tokenizer
     from harness.data.config import DataConfig
     from harness.data.corpus_cache import corpus_documents
     from harness.data.wheels import wheel_file

@@ -81,6 +81,7 @@ class SortedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "sorted"
+    epoch_composition: ClassVar[str] = "fixed"
     report_rank: ClassVar[int] = 0
 
     def micro_batches(self, prepared, budget, seed, epoch, per_step):
@@ -97,6 +98,7 @@ class ShuffleStrategy(Strategy):
     """Random permutation of the samples each epoch, then the same greedy fill as ``sorted``."""
 
     name: ClassVar[str] = "shuffle"
+    epoch_composition: ClassVar[str] = "reshuffled"
     report_rank: ClassVar[int] = 4
 
     def micro_batches(self, prepared, budget, seed, epoch, per_step):
@@ -145,6 +147,7 @@ class BucketedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "bucketed"
+    epoch_composition: ClassVar[str] = "bounded"
     report_rank: ClassVar[int] = 2
     cli_options: ClassVar[tuple[CliOption, ...]] = (
         CliOption("--num-buckets", "num_buckets", "buckets of the bucketed strategy", type=int),
@@ -318,6 +321,7 @@ class PackedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "packed"
+    epoch_composition: ClassVar[str] = "reshuffled"
     layout: ClassVar[Layout] = "packed"
     report_rank: ClassVar[int] = 3
     fit: str = "first"
@@ -378,6 +382,7 @@ class LengthGroupedStrategy(Strategy):
     """
 
     name: ClassVar[str] = "length_grouped"
+    epoch_composition: ClassVar[str] = "reshuffled"
     report_rank: ClassVar[int] = 1
     cli_options: ClassVar[tuple[CliOption, ...]] = (
         CliOption("--mega-batch-mult", "mega_batch_mult", "length_grouped: megabatch size in batches (default 50)",

@@ -70,7 +70,7 @@ SLOWEST_MODULES = (
     "test_train_elastic_resume.py", "test_train_launch.py", "test_study_real.py", "test_eval_samples.py",
     "test_train_disaggregated.py", "test_train_resume.py", "test_train_runs.py", "test_hf_trainer.py", "test_replay.py",
     "test_advise.py",
-    "test_causal_lm_target.py",
+    "test_causal_lm_target.py", "test_epoch_draws.py", "test_integrity.py", "test_fingerprint_fields.py",
 )
 
 

@@ -87,12 +87,13 @@ def test_an_interrupted_build_goes_on_from_the_rows_it_had_written(batchlab_cach
     np.testing.assert_array_equal(np.load(entry / "features.npy"), np.load(fresh / "features.npy"))
 
 
-def _fresh_build(config, samples, rows, target, tmp):
+def _fresh_build(config, samples, rows, target, tmp, *overrides):
     import dataclasses
 
     from harness.train.config import run_config_from_dict
 
-    other = run_config_from_dict({**compose_config(["experiment=smoke", "logger=none", "data.max_documents=40"]),
+    other = run_config_from_dict({**compose_config(["experiment=smoke", "logger=none", "data.max_documents=40",
+                                                    *overrides]),
                                   "data": {**dataclasses.asdict(config.data), "cache_dir": str(tmp)}})
     return ensure_feature_cache(other, samples, rows, lambda: target)
 
@@ -131,3 +132,41 @@ def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, bat
     with pytest.raises(BadInput, match="topology=disaggregated runs the target on ranks of its own"):
         prepared_config(compose_config([*base, "trainer.target_features=cached", "topology=disaggregated",
                                         "trainer.nproc=3"]))
+
+
+def test_an_interrupted_build_resumes_from_its_last_chunk_that_checks_out(batchlab_cache, monkeypatch, capsys):
+    """One byte flipped in the second saved chunk of an interrupted build: the rows from there are computed again,
+    said in a line, and the entry equals a fresh build's."""
+    other_key = "trainer.max_tokens=768"  # an entry of its own (the test above builds the 1,024-token one)
+    config, samples, rows, target = _inputs("data.max_documents=40", other_key)
+    real_forward = type(target).forward
+    calls = []
+
+    def failing(self, batch, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_forward(self, batch, *args, **kwargs)
+
+    monkeypatch.setattr(feature_cache, "ROWS_PER_SAVE", feature_cache.ROWS_PER_FORWARD)  # a chunk each forward
+    monkeypatch.setattr(type(target), "forward", failing)
+    key = feature_cache.cache_key(config, samples.fingerprint, rows)
+    partial = config.data.resolved_cache_dir() / f".features-{key}.partial"
+    with pytest.raises(KeyboardInterrupt):
+        ensure_feature_cache(config, samples, rows, lambda: target)
+    record = json.loads((partial / "done.json").read_text())
+    assert record["rows"] == 3 * feature_cache.ROWS_PER_FORWARD and len(record["chunks"]) == 3
+    features = np.load(partial / "features.npy", mmap_mode="r+")
+    lengths = np.sort(np.minimum(samples.lengths[rows], config.trainer.max_tokens))
+    second_chunk_token = int(lengths[:feature_cache.ROWS_PER_FORWARD].sum())  # the first token of chunk 2
+    features[second_chunk_token, 0] += 1.0
+    features.flush()
+    del features
+    forwards = []
+    monkeypatch.setattr(type(target), "forward",
+                        lambda self, batch, *a, **k: forwards.append(1) or real_forward(self, batch, *a, **k))
+    entry, _, built = ensure_feature_cache(config, samples, rows, lambda: target)
+    assert built and len(forwards) == -(-rows.size // feature_cache.ROWS_PER_FORWARD) - 1  # all but chunk 1
+    assert f"damaged after row {feature_cache.ROWS_PER_FORWARD} of {rows.size}" in capsys.readouterr().out
+    fresh, _, _ = _fresh_build(config, samples, rows, target, entry.parent / "fresh-chunks", other_key)
+    np.testing.assert_array_equal(np.load(entry / "features.npy"), np.load(fresh / "features.npy"))

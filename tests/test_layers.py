@@ -24,6 +24,16 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300)
 
 
+def tree_copy(tmp_path: Path) -> Path:
+    """A copy of the packages and pyproject.toml (its contracts) to plant an import in."""
+    copy = tmp_path / "tree"
+    copy.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", copy)
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
 def test_every_layer_contract_is_kept():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -32,17 +42,36 @@ def test_every_layer_contract_is_kept():
 
 def test_an_import_up_the_layers_breaks_the_contract_naming_it(tmp_path):
     """The contract is live: a copy of the tree whose feature link imports the trainer fails, naming the line."""
-    copy = tmp_path / "tree"
-    copy.mkdir()
-    shutil.copy(ROOT / "pyproject.toml", copy)
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    copy = tree_copy(tmp_path)
     link = copy / "harness/train/placement/link.py"
     link.write_text(link.read_text() + "\n\ndef _upward():\n    from harness.train.loop import trainer  # noqa\n")
     result = lint_imports(copy)
     assert result.returncode != 0
     assert "harness.train.placement is not allowed to import harness.train.loop" in result.stdout
     assert "harness.train.placement.link -> harness.train.loop.trainer" in result.stdout
+
+
+def test_a_circle_in_the_data_layers_breaks_their_contract(tmp_path):
+    """harness/data's own contract is live: a format that imports its dispatcher, even inside a function (the
+    old way of dodging a circle), fails naming the line."""
+    copy = tree_copy(tmp_path)
+    read = copy / "harness/data/chat/read.py"
+    read.write_text(read.read_text() + "\n\ndef _circle():\n    from harness.data.sources import load_source  # noqa\n")
+    result = lint_imports(copy)
+    assert result.returncode != 0
+    assert "harness.data.chat is not allowed to import harness.data.sources" in result.stdout
+
+
+def test_no_module_is_part_of_an_import_circle():
+    """No module imports itself back through others, imports inside functions included (grimp's graph)."""
+    import grimp
+    import networkx
+
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    edges = networkx.DiGraph((module, imported) for module in graph.modules
+                             for imported in graph.find_modules_directly_imported_by(module))
+    circles = [sorted(c) for c in networkx.strongly_connected_components(edges) if len(c) > 1]
+    assert not circles, circles
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -95,17 +95,23 @@ def test_a_run_that_replays_gets_the_real_acceptance_of_one_that_decodes_live(tm
     assert len(live) >= 3 and evaluations("replay") == live
 
 
-def test_a_cached_replay_is_built_once_and_read_back_bit_for_bit(models, tmp_path):
-    """Every run of a sweep reads the target's side from the cache: the entry equals a fresh prepare_replay exactly,
-    a second run never builds the target, and other prompts, new tokens, taps or identity are another entry."""
-    target, drafter = models
-    prompts, taps = random_prompts(3, seed=2), list(drafter.target_layer_ids)
+def _counted(target):
+    """``(builds, make_target)``: a target builder that counts its calls (a cache hit never calls it)."""
     builds = []
 
     def make_target():
         builds.append(1)
         return target
 
+    return builds, make_target
+
+
+def test_a_cached_replay_is_built_once_and_read_back_bit_for_bit(models, tmp_path):
+    """Every run of a sweep reads the target's side from the cache: the entry equals a fresh prepare_replay exactly,
+    a second run never builds the target, and other prompts, new tokens, taps or identity are another entry."""
+    target, drafter = models
+    prompts, taps = random_prompts(3, seed=2), list(drafter.target_layer_ids)
+    builds, make_target = _counted(target)
     first = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
     again = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
     fresh = prepare_replay(target, prompts, 6, taps)
@@ -117,3 +123,20 @@ def test_a_cached_replay_is_built_once_and_read_back_bit_for_bit(models, tmp_pat
                   (prompts, 6, taps[:1], {"target": "t"}), (prompts, 6, taps, {"target": "u"})):
         cached_replay(tmp_path, other[3], make_target, other[0], other[1], other[2])
     assert len(builds) == 5
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated"])
+def test_a_damaged_cached_replay_is_built_again_never_read(models, tmp_path, capsys, damage):
+    from test_integrity import DAMAGES
+
+    target, drafter = models
+    prompts, taps = random_prompts(3, seed=2), list(drafter.target_layer_ids)
+    builds, make_target = _counted(target)
+    first = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
+    (entry,) = [p for p in tmp_path.iterdir() if p.name.startswith("replay-")]
+    largest = max((p for p in entry.rglob("*") if p.is_file() and p.name != "meta.json"),
+                  key=lambda p: p.stat().st_size)
+    DAMAGES[damage](largest)
+    again = cached_replay(tmp_path, {"target": "t"}, make_target, prompts, 6, taps)
+    assert len(builds) == 2 and f"cache entry {entry.name} is damaged" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for r, f in zip(first, again) for a, b in zip(r.features, f.features))

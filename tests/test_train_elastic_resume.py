@@ -28,6 +28,7 @@ from train_support import (
     train_cli,
 )
 
+from harness.data.cache import write_checksum
 from harness.train.loop.checkpoint import FingerprintMismatch, check_fingerprint, checkpoint_paths, component_state
 from harness.train.launch.run import RunDirectoryInUse, config_differences, run
 
@@ -175,6 +176,7 @@ def test_other_changes_than_the_world_size_are_still_refused(tmp_path, stopped_o
     latest = checkpoint_paths(run_dir)[-1]
     tampered = {**saved, "fingerprint": {**saved["fingerprint"], "lengths_sha256": "0" * 64}}
     torch.save(tampered, latest)
+    write_checksum(latest)  # a well-formed checkpoint of another plan, not a damaged one
     with pytest.raises(FingerprintMismatch) as refused:
         run(compose_config(base), run_dir)
     message = str(refused.value)

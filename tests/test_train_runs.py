@@ -10,6 +10,7 @@ from process_support import failure_text, run_process
 from train_support import read_jsonl, train_cli
 
 from analysis.wandb_offline import read_offline_run
+from harness.train.loop.checkpoint import checkpoint_paths
 from strategies import available_strategies
 
 STEP_KEYS = {
@@ -62,7 +63,7 @@ def test_smoke_experiment_on_two_ranks(strategy, smoke_sweep):
     assert 1.0 <= summary["eval_tau_real"] <= 8 and summary["eval_real_prompts"] > 0
     assert sum(summary["eval_tau_real_hist"]) > 0 and summary["eval_speedup_bound"] >= 1.0
     assert (run_dir / "config.json").is_file()
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1] == f"step-{len(records):08d}.pt"
+    assert checkpoint_paths(run_dir)[-1].name == f"step-{len(records):08d}.pt"
 
     # every training sample exactly once in the complete epoch, across both ranks (what the ranks consumed)
     consumed = read_jsonl(run_dir / "consumed" / "rank0.jsonl") + read_jsonl(run_dir / "consumed" / "rank1.jsonl")

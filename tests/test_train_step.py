@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,6 +130,7 @@ def test_non_finite_loss_stops_naming_step_and_samples(tmp_path, batchlab_cache,
 
 
 def test_wandb_failing_mid_run_warns_once_and_training_goes_on(tmp_path, batchlab_cache, monkeypatch):
+    import wandb
     import wandb.sdk.wandb_run
 
     data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(30, 10, 60, 300, seed=5))
@@ -153,6 +155,25 @@ def test_wandb_failing_mid_run_warns_once_and_training_goes_on(tmp_path, batchla
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert records[-1]["tokens_seen"] == summary["tokens_seen"] >= 2500
     assert calls["n"] == 3  # switched off after the failure
+    assert wandb.run is None  # and still finished: a next run in this process (a sweep's next job) starts its own
+
+
+@pytest.mark.parametrize("mode", ["disabled", "offline"])
+def test_the_closing_line_says_where_the_wandb_run_went_and_only_what_exists(tmp_path, monkeypatch, mode):
+    from harness.train.loop.metrics import WandbSink
+
+    monkeypatch.setenv("WANDB_MODE", mode)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sink = WandbSink(tmp_path, project="p", entity=None, group="g", name="n", job_type="train", tags=[], config={},
+                     mode="offline", run_id=f"closing-{mode}", resume=False)
+    where = sink.location()
+    sink.close()
+    if mode == "disabled":
+        assert where.startswith("W&B disabled") and "offline run in" not in where
+        assert not (tmp_path / "wandb").exists()
+    else:
+        directory = where.split("offline run in ")[1].split(" (wandb sync")[0]
+        assert Path(directory).is_dir() and Path(directory).is_relative_to(tmp_path)
 
 
 @pytest.mark.parametrize("bad, message", [

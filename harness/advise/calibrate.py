@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 import statistics
 import time
@@ -214,13 +213,14 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     machine, final = _cache_entry(config_dict, cache_dir, local_ranks)
     key, directory = final.stem, final.parent
     partial = directory / f"{key}.partial.json"
-    if final.is_file():
-        return Calibration.from_json(json.loads(final.read_text())), False
+    stored = cache.read_json_checked(final, "calibration")
+    if stored is not None:
+        return Calibration.from_json(stored), False
     directory.mkdir(parents=True, exist_ok=True)
     block_size, num_anchors = int(drafter["block_size"]), int(drafter["num_anchors"])
     max_blocks = None if drafter.get("max_blocks") is None else int(drafter["max_blocks"])
     shapes = design(int(trainer["max_tokens"]), block_size)
-    done = json.loads(partial.read_text()) if partial.is_file() else {"shapes": {}, "step_s": None}
+    done = cache.read_json_checked(partial, "partial calibration") or {"shapes": {}, "step_s": None}
     todo = [shape for shape in shapes if _name(shape) not in done["shapes"]]  # the rest after an interruption
     if local_ranks > 1 and measure is None:
         groups = [todo[i:i + CONCURRENT_GROUP] for i in range(0, len(todo), CONCURRENT_GROUP)]
@@ -259,6 +259,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
     problem = degenerate(np.array([a, b, c, m]), rows)
     if problem:
         partial.unlink(missing_ok=True)  # its timings would give the same fit again
+        cache.checksum_path(partial).unlink(missing_ok=True)
         raise DegenerateFit(f"the calibration's fit is unusable ({problem}); nothing was cached. The timings were "
                             "probably disturbed (another job on the machine): run batchlab-advise again when it "
                             "is quieter, or give a stored calibration")
@@ -269,6 +270,7 @@ def calibrate(config_dict: dict[str, Any], cache_dir: Path, progress: bool = Tru
                               max_tokens, key, machine, rows, *stages, max_blocks, measured_on)
     _write_atomic(final, calibration.to_json())
     partial.unlink(missing_ok=True)
+    cache.checksum_path(partial).unlink(missing_ok=True)
     return calibration, True
 
 
@@ -316,7 +318,8 @@ def _cache_entry(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int)
 
 def is_cached(config_dict: dict[str, Any], cache_dir: Path, local_ranks: int = 1) -> bool:
     """Whether :func:`calibrate` would read this calibration from the cache (and allocate nothing)."""
-    return _cache_entry(config_dict, cache_dir, local_ranks)[1].is_file()
+    path = _cache_entry(config_dict, cache_dir, local_ranks)[1]
+    return path.is_file() and cache.checksum_problem(path) is None
 
 
 def _target_source(config: Any) -> Any:
@@ -399,9 +402,8 @@ def concurrent_rank(config_dict: dict[str, Any], shapes: list[Shape]) -> list[tu
 
 
 def _write_atomic(path: Path, values: dict) -> None:
-    temporary = path.with_suffix(f".tmp{os.getpid()}")
-    temporary.write_text(json.dumps(values, indent=1, sort_keys=True))
-    os.replace(temporary, path)
+    """``values`` at ``path`` atomically, with its checksum sidecar (read back by :func:`cache.read_json_checked`)."""
+    cache.write_json_checked(path, values, indent=1, sort_keys=True)
 
 
 def _measurer(config_dict: dict[str, Any],

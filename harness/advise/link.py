@@ -18,7 +18,6 @@ The sender waits for each micro-batch's credit before the next, so the three are
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
@@ -59,8 +58,8 @@ def calibrate_link(config_dict: dict[str, Any], cache_dir: Path, progress: bool 
     from harness.train.distributed import launch
 
     path = Path(cache_dir) / CACHE_SUBDIR / f"link-{link_key(config_dict)}.json"
-    if path.is_file():
-        values = json.loads(path.read_text())
+    values = cache.read_json_checked(path, "link calibration")
+    if values is not None:
         return _cost(values), values
     if progress:
         print("batchlab-advise: measuring the split placement's link (2 ranks)", flush=True)

@@ -227,7 +227,7 @@ def advise(args: argparse.Namespace) -> int:
                          f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
                          "holds it (or a smaller target config: the fit is per configuration)")
     if args.recalibrate:
-        for path in (cache_dir / CACHE_SUBDIR).glob("*.json"):
+        for path in (cache_dir / CACHE_SUBDIR).glob("*.json*"):  # each calibration and its checksum sidecar
             path.unlink()
     calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
     logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan

@@ -34,6 +34,12 @@ from harness.data.corpus import (
     select_documents,
     stdlib_root,
 )
+from harness.data.hf_tokenizer import load_hf_tokenizer
+from harness.data.tokenizer import (
+    encode_prompt_completion,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 # Bump when the corpus split, the tokenization or the cache layout changes.
 FORMAT_VERSION = 1
@@ -83,6 +89,23 @@ def corpus_documents(
     return _documents(cfg.resolved_cache_dir(), cache.digest(corpus_payload), root, paths, progress)
 
 
+#: the data settings the tokenized corpus depends on besides the parsed corpus (``data.<name>``)
+SAMPLES_KEY_SETTINGS = ("max_documents", "subset_seed", "vocab_size", "tokenizer")
+
+
+def samples_key(cfg: DataConfig, corpus_payload: dict) -> str:
+    """The tokenized corpus's key: the corpus, :data:`SAMPLES_KEY_SETTINGS` (a given tokenizer by its files' sizes
+    and times) and the tokenizers library's version."""
+    import tokenizers
+
+    settings = {name: getattr(cfg, name) for name in SAMPLES_KEY_SETTINGS}
+    if settings["tokenizer"] is None:  # the embedded BPE: the same key as before a tokenizer could be given
+        del settings["tokenizer"]
+    else:
+        settings["tokenizer"] = cache.path_signature(Path(settings["tokenizer"]).expanduser().resolve())
+    return cache.digest({"corpus": corpus_payload, **settings, "tokenizers": tokenizers.__version__})
+
+
 def stdlib_samples(
     cfg: DataConfig,
     progress: bool = True,
@@ -97,22 +120,10 @@ def stdlib_samples(
         root: corpus root (default: the stdlib); for tests and other code trees.
         files: the files to parse (default: every corpus file under ``root``).
     """
-    import tokenizers
-
     cache_dir = cfg.resolved_cache_dir()
     root, paths, corpus_payload = corpus_inputs(root, None if files is None else [Path(f) for f in files])
     corpus_key = cache.digest(corpus_payload)
-    payload = {
-        "corpus": corpus_payload,
-        "max_documents": cfg.max_documents,
-        "subset_seed": cfg.subset_seed,
-        "vocab_size": cfg.vocab_size,
-        "tokenizers": tokenizers.__version__,
-    }
-    if cfg.tokenizer is not None:  # a given tokenizer (e.g. the target's) instead of the embedded BPE
-        tokenizer_path = Path(cfg.tokenizer).expanduser().resolve()
-        payload["tokenizer"] = cache.path_signature(tokenizer_path)
-    key = cache.digest(payload)
+    key = samples_key(cfg, corpus_payload)
 
     def build(tmp: Path) -> dict:
         return build_tokenized_corpus(
@@ -129,12 +140,6 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
     import pyarrow as pa
     from datasets.table import InMemoryTable
 
-    from harness.data.tokenizer import (
-        encode_prompt_completion,
-        save_tokenizer,
-        train_tokenizer,
-    )
-
     started = time.perf_counter()
     all_documents, corpus_meta = documents()
     chosen = select_documents(all_documents, cfg.max_documents, cfg.subset_seed)
@@ -148,8 +153,6 @@ def build_tokenized_corpus(tmp: Path, cfg: DataConfig, documents, progress: bool
         tokenizer = train_tokenizer(texts, cfg.vocab_size)
         vocab_size = tokenizer.get_vocab_size()
     else:  # data.tokenizer (a target checkpoint's own, by default): its fast tokenizer's backend encodes the same way
-        from harness.data.chat.encode import load_hf_tokenizer
-
         given = load_hf_tokenizer(cfg.tokenizer)
         tokenizer, vocab_size = given.backend_tokenizer, len(given)
     offsets, input_ids, loss_mask = encode_prompt_completion(

@@ -30,7 +30,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from harness.data.chat.encode import conversation_lengths
+from harness.data.chat.read import SCHEMAS
+from harness.data.config import DataConfig
 from harness.data.profiles import PROFILES, available_profiles, profile_lengths
+from harness.data.source_rows import select_split
+from harness.data.sources import column_names, detected_format
+from harness.data.text_tokenize import TEXT_COLUMN, text_lengths
 
 DEFAULT_COLUMNS = ("input_ids", "length", "lengths", "num_tokens")
 PROFILE_PREFIX = "profile:"
@@ -46,25 +52,6 @@ PROGRESS_MIN_BYTES = 64 * 1024 * 1024
 
 class LengthsSourceError(ValueError):
     """A lengths source that cannot be read as one integer length per sample."""
-
-
-def select_split(loaded, split: str | None, path: Path, error: type[Exception], option: str,
-                 drop_fix: str):
-    """``(dataset, split)`` of what ``load_from_disk`` returned: a Dataset as it is (no split may be asked
-    for), a DatasetDict's ``split`` (its only split when none is given); ``error`` names the splits."""
-    import datasets
-
-    if isinstance(loaded, datasets.DatasetDict):
-        splits = list(loaded)
-        if split is None and len(splits) == 1:
-            split = splits[0]
-        if split not in loaded:
-            wanted = "no split given" if split is None else f"split {split!r} not found"
-            raise error(f"{path}: {wanted}; this DatasetDict has splits {splits} — pass one with {option}")
-        return loaded[split], split
-    if split is not None:
-        raise error(f"{path}: split={split!r} given but this is a single Dataset, not a DatasetDict{drop_fix}")
-    return loaded, split
 
 
 def load_lengths(
@@ -142,11 +129,6 @@ def user_lengths(source: str, column: str | None = None, split: str | None = Non
     """
     if tokenizer is None:
         return load_lengths(source, column=column, split=split, progress=progress), ""
-    from harness.data.chat.read import SCHEMAS
-    from harness.data.chat.encode import conversation_lengths
-    from harness.data.config import DataConfig
-    from harness.data.sources import column_names, detected_format
-    from harness.data.text_tokenize import TEXT_COLUMN, text_lengths
 
     text = os.fspath(source)
     if text.startswith(PROFILE_PREFIX) or (text in PROFILES and not Path(text).exists()):

@@ -28,7 +28,10 @@ import pyarrow.compute as pc
 
 from harness.data import bundled
 from harness.data.config import NO_ANCHOR_CHOICES, DataConfig
+from harness.data.corpus_cache import stdlib_samples
 from harness.data.errors import DataValidationError
+from harness.data.sources import load_source
+from harness.data.subset import cut_subset
 
 __all__ = [
     "DataConfig",
@@ -151,8 +154,6 @@ def load_samples(
     if cfg.source == bundled.BUNDLED:
         return _bundled_samples(cfg, corpus_root, corpus_files)
     if cfg.is_stdlib:
-        from harness.data.corpus_cache import stdlib_samples
-
         if cfg.split is not None:
             raise DataValidationError(
                 f"data.split={cfg.split!r} applies only to a DatasetDict written by save_to_disk, not to "
@@ -181,7 +182,6 @@ def load_samples(
     else:
         if corpus_root is not None or corpus_files is not None:
             raise ValueError("corpus_root / corpus_files apply only to data.source='stdlib'")
-        from harness.data.sources import load_source
 
         loaded = load_source(cfg, progress=progress)
         samples = TokenizedSamples(
@@ -193,8 +193,6 @@ def load_samples(
             vocab_size=loaded.vocab_size,
         )
         if cfg.max_rows is not None or cfg.max_length is not None:
-            from harness.data.subset import cut_subset
-
             dataset, words, key = cut_subset(samples, cfg)
             samples = TokenizedSamples(dataset=dataset, lengths=_lengths(dataset), source=f"{samples.source}; {words}",
                                        fingerprint=key, tokenizer_path=samples.tokenizer_path,

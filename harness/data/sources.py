@@ -23,14 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from harness.data import cache
+from harness.data.chat.corpus import stdlib_chat
+from harness.data.chat.encode import tokenized_conversations
+from harness.data.chat.read import conversation_column, first_array_element, is_json_array
 from harness.data.config import STDLIB_CHAT_SOURCE, DataConfig
 from harness.data.errors import DataValidationError
-from harness.data.lengths import select_split
+from harness.data.source_rows import default_loss_mask, select_split
+from harness.data.text_tokenize import has_text_column, tokenized_texts
 
 FORMAT_VERSION = 1
 SOURCE_PREFIX = "source"
@@ -64,8 +66,6 @@ def load_source(cfg: DataConfig, progress: bool = True) -> LoadedSource:
     """Open ``cfg.source`` (not the embedded corpus) as a memory-mapped ``datasets.Dataset``; conversations are
     tokenized with their chat template first (cached)."""
     if cfg.source == STDLIB_CHAT_SOURCE:
-        from harness.data.chat.corpus import stdlib_chat
-
         conversations, tokenizer, _ = stdlib_chat(cfg, progress=progress)
         return _load_conversations(conversations, cfg, progress, tokenizer=cfg.tokenizer or str(tokenizer))
     path = Path(cfg.source).expanduser()
@@ -128,8 +128,6 @@ def _format_of(path: Path, cfg: DataConfig) -> str | None:
 def detected_format(names: list[str]) -> str | None:
     """What ``data.format=auto`` takes a source with these columns for: ``tokenized`` (it has ``input_ids``),
     ``conversations`` (a conversation column), ``text`` (a ``text`` column), in that order; None: none of them."""
-    from harness.data.chat.read import conversation_column
-    from harness.data.text_tokenize import has_text_column
 
     if "input_ids" in names:
         return "tokenized"
@@ -154,7 +152,6 @@ def column_names(path: Path, split: str | None) -> list[str] | None:
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).schema_arrow.names
-        from harness.data.chat.read import first_array_element, is_json_array
 
         if is_json_array(path):  # a JSON array (ShareGPT's own files): its first element's keys
             record = first_array_element(path)
@@ -168,7 +165,6 @@ def column_names(path: Path, split: str | None) -> list[str] | None:
 
 
 def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: str | None) -> LoadedSource:
-    from harness.data.chat.encode import tokenized_conversations
 
     if tokenizer is None:
         raise DataSourceError(
@@ -187,7 +183,6 @@ def _load_conversations(path: Path, cfg: DataConfig, progress: bool, tokenizer: 
 
 
 def _load_texts(path: Path, cfg: DataConfig, progress: bool, tokenizer: str | None) -> LoadedSource:
-    from harness.data.text_tokenize import tokenized_texts
 
     if tokenizer is None:
         raise DataSourceError(f"{path} holds plain text: give data.tokenizer=PATH, the target's tokenizer (a local "
@@ -352,18 +347,4 @@ def _is_int_list(kind: pa.DataType, allow_bool: bool) -> bool:
 def _list_type_like(kind: pa.DataType, value: pa.DataType) -> pa.DataType:
     return pa.large_list(value) if pa.types.is_large_list(kind) else pa.list_(value)
 
-
-def default_loss_mask(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A loss mask of ones with the first token of every row zeroed, same list layout as ``ids``."""
-    if isinstance(ids, pa.ChunkedArray):
-        ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
-    lengths = pc.list_value_length(ids).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.ones(int(offsets[-1]), dtype=np.int8)
-    values[offsets[:-1][lengths > 0]] = 0
-    large = pa.types.is_large_list(ids.type)
-    array_type = pa.LargeListArray if large else pa.ListArray
-    offsets_array = pa.array(offsets if large else offsets.astype(np.int32))
-    return array_type.from_arrays(offsets_array, pa.array(values, type=pa.int8()), mask=ids.is_null())
 

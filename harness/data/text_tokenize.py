@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from harness.data import cache
+from harness.data.chat.encode import plain_backend, sample_lengths, write_samples
 from harness.data.chat.read import NO_COLUMN, NOT_TEXT, BadRow, BadRows, source_records
 from harness.data.config import BAD_ROWS_CHOICES
 from harness.data.errors import DataValidationError
+from harness.data.hf_tokenizer import load_hf_tokenizer
 
 FORMAT_VERSION = 1
 PREFIX = "text"
@@ -94,11 +96,6 @@ def _checked(value: Any, where: str) -> str:
 def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, cache_dir: Path,
                     progress: bool = True, bad_rows: str = "refuse") -> tuple[Path, dict, str]:
     """The cached Arrow file of ``path``'s texts tokenized: ``(file, meta, fingerprint)``."""
-    from harness.data.chat.encode import (
-        load_hf_tokenizer,
-        plain_backend,
-        write_samples,
-    )
 
     location = Path(tokenizer_path).expanduser()
     fingerprint = cache.digest({"format": FORMAT_VERSION, "source": cache.path_signature(path), "split": split,
@@ -128,7 +125,6 @@ def tokenized_texts(path: Path, split: str | None, tokenizer_path: str | Path, c
 def text_lengths(path: Path, split: str | None, tokenizer_path: str | Path, cache_dir: Path, bad_rows: str = "refuse",
                  progress: bool = True) -> tuple[np.ndarray, str]:
     """The token count of every text of ``path`` (the cache a training run tokenizes with), and what was read."""
-    from harness.data.chat.encode import sample_lengths
 
     arrow, meta, _ = tokenized_texts(path, split, tokenizer_path, cache_dir, progress, bad_rows)
     return sample_lengths(arrow), meta["words"]

@@ -39,7 +39,7 @@ import torch
 
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 from harness.data import cache
-from harness.data.chat.encode import GGUF_SUFFIX
+from harness.data.hf_tokenizer import GGUF_SUFFIX
 from harness.data.config import DataConfig
 from harness.data.samples import TokenizedSamples, load_samples
 from harness.data.subset import supervised_spans
@@ -272,7 +272,7 @@ def regenerate(
     samples = samples if samples is not None else load_samples(data, progress=progress)
     user_tokenizer = samples.tokenizer_path and Path(samples.tokenizer_path)
     if settings.eos_id is None and user_tokenizer and (user_tokenizer.is_dir() or user_tokenizer.suffix.lower() == GGUF_SUFFIX):
-        from harness.data.chat.encode import load_hf_tokenizer
+        from harness.data.hf_tokenizer import load_hf_tokenizer
 
         eos = load_hf_tokenizer(user_tokenizer).eos_token_id  # a directory's or a GGUF file's, template or not
         settings = dataclasses.replace(settings, eos_id=eos)
@@ -341,7 +341,7 @@ def _regenerate_command(args: argparse.Namespace) -> int:
     if target.is_dir() and not (target / "config.json").is_file():
         raise FileNotFoundError(f"--target {args.target}: not a checkpoint directory (no config.json); give one "
                                 "written by save_pretrained or batchlab-pretrain-target --out DIR")
-    from harness.data.chat.encode import checkpoint_tokenizer
+    from harness.data.hf_tokenizer import checkpoint_tokenizer
 
     tokenizer = args.tokenizer if args.tokenizer is not None else checkpoint_tokenizer(target)
     data = DataConfig(source=args.source, max_documents=args.max_documents or None, vocab_size=args.vocab_size,

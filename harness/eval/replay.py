@@ -76,15 +76,21 @@ REPLAY_PREFIX = "replay"
 REPLAY_FILE = "replay.pt"
 
 
+def replay_key(identity: dict[str, Any], prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               tap_layer_ids: Sequence[int], **options: Any) -> str:
+    """The cache key of :func:`cached_replay`: every one of its arguments but the cache and the target's builder."""
+    return cache.digest({"target": identity, "prompts": [[int(t) for t in p] for p in prompts],
+                         "max_new_tokens": int(max_new_tokens), "taps": [int(t) for t in tap_layer_ids],
+                         "options": options, "version": 1})
+
+
 def cached_replay(cache_dir: Path, identity: dict[str, Any], target: Callable[[], Any], prompts: Sequence[Sequence[int]],
                   max_new_tokens: int, tap_layer_ids: Sequence[int], **options: Any) -> list[ReplayPrompt]:
     """:func:`prepare_replay` once for every run that asks the same: built into the batchlab cache (atomic, under its
     lock) and read back by the next run. ``identity`` names everything the target's side depends on besides the
     prompts, tokens and taps (the target's checkpoint or config, dtype, device, kernels); ``target()`` gives the
     target, called only on a miss."""
-    key = cache.digest({"target": identity, "prompts": [[int(t) for t in p] for p in prompts],
-                        "max_new_tokens": int(max_new_tokens), "taps": [int(t) for t in tap_layer_ids],
-                        "options": options, "version": 1})
+    key = replay_key(identity, prompts, max_new_tokens, tap_layer_ids, **options)
 
     def build(tmp: Path) -> dict[str, Any]:
         replay = prepare_replay(target(), prompts, max_new_tokens, tap_layer_ids, **options)

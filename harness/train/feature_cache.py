@@ -12,8 +12,9 @@ Throughput measured from the cache leaves the target out: a comparison of strate
 
 The entry is keyed by everything the features depend on (the target's checkpoint or config and init seed, the
 tapped layers, the dtype, the data's fingerprint, the rows and the budget), built under the cache's lock, written
-atomically (:func:`harness.data.cache.ensure_entry`), and resumable: the rows done so far are kept beside the entry
-and an interrupted build goes on from there.
+atomically (:func:`harness.data.cache.ensure_entry`, which checks its checksums on every read), and resumable: the
+rows done so far are kept beside the entry, each saved chunk with its checksum, and an interrupted build goes on
+from its last chunk that checks out.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from harness.data import cache
 from harness.models.target import TargetFeatures
@@ -49,14 +51,20 @@ def target_identity(config: Any) -> dict[str, Any]:
     return {"config": config.target_kwargs, "init_seed": TARGET_INIT_SEED}
 
 
+#: the run settings the features depend on besides the target and the data, as dotted config keys: the tapped
+#: layers as configured (``drafter.target_layer_ids``, or DFlash's rule for the drafter's depth, which the target's
+#: identity then fixes), so that a hit needs no target built
+KEY_SETTINGS = ("drafter.target_layer_ids", "drafter.num_hidden_layers", "trainer.precision", "trainer.max_tokens")
+
+
 def cache_key(config: Any, fingerprint: str, rows: np.ndarray) -> str:
-    """The entry's key: the tapped layers as configured (``drafter.target_layer_ids``, or DFlash's rule for the
-    drafter's depth, which the target's identity then fixes), so that a hit needs no target built."""
-    drafter = config.drafter
-    return cache.digest({"target": target_identity(config), "taps": drafter.target_layer_ids,
-                         "draft_layers": drafter.num_hidden_layers, "precision": config.trainer.precision,
-                         "data": fingerprint, "rows": np.asarray(rows, dtype=np.int64).tolist(),
-                         "max_tokens": config.trainer.max_tokens, "version": 2})
+    """The entry's key: the target's identity, :data:`KEY_SETTINGS`, the data's fingerprint and the rows."""
+    settings = {}
+    for dotted in KEY_SETTINGS:
+        section, name = dotted.split(".")
+        settings[dotted] = getattr(getattr(config, section), name)
+    return cache.digest({"target": target_identity(config), "settings": settings, "data": fingerprint,
+                         "rows": np.asarray(rows, dtype=np.int64).tolist(), "version": 3})
 
 
 def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
@@ -84,23 +92,32 @@ def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, make_targe
 @torch.no_grad()
 def _build_partial(partial: Path, samples: Any, rows: np.ndarray, target: Any, taps: list[int], max_tokens: int,
                    progress: bool) -> None:
-    """Compute the features into ``partial`` (created or resumed: ``done.json`` counts the rows written)."""
+    """Compute the features into ``partial`` (created, or resumed from its last chunk that checks out:
+    ``done.json`` records the rows written and each saved chunk's xxh3 checksum)."""
     lengths = np.minimum(samples.lengths[rows], max_tokens).astype(np.int64)
     sort = np.argsort(lengths, kind="stable")  # similar lengths together: little padding
     order = rows[sort]
+    ends = np.cumsum(lengths[sort])  # the features' rows hold the sorted rows' tokens in order
     width = len(taps) * int(target.hidden_size)
     partial.mkdir(parents=True, exist_ok=True)
     done_file = partial / "done.json"
-    done = json.loads(done_file.read_text())["rows"] if done_file.is_file() else 0
-    if done == 0:
+    record = _resume_record(partial, done_file)
+    if record["rows"] and not _readable(partial / FEATURES_FILE):
+        print(f"batchlab: the interrupted feature build in {partial} cannot be resumed (its {FEATURES_FILE} is cut "
+              "short); starting it again", flush=True)
+        record = {"rows": 0, "chunks": []}
+    if record["rows"] == 0:
         index = np.full((len(samples), 2), (-1, 0), dtype=np.int64)
         index[order, 1] = lengths[sort]
-        index[order, 0] = np.cumsum(lengths[sort]) - lengths[sort]
+        index[order, 0] = ends - lengths[sort]
         np.save(partial / INDEX_FILE, index)
         np.lib.format.open_memmap(partial / FEATURES_FILE, mode="w+", dtype=np.float32,
                                   shape=(int(lengths.sum()), width)).flush()
+        record = {"rows": 0, "index": cache.file_checksum(partial / INDEX_FILE), "chunks": []}
     index = np.load(partial / INDEX_FILE)
     features = np.load(partial / FEATURES_FILE, mmap_mode="r+")
+    done = _verified_rows(features, record, ends, partial)
+    record["rows"], record["chunks"] = done, [c for c in record["chunks"] if c[0] <= done]
     from tqdm import tqdm
 
     from harness.models.layout import TokenBatch
@@ -119,8 +136,57 @@ def _build_partial(partial: Path, samples: Any, rows: np.ndarray, target: Any, t
             written = first + len(batch_rows)
             if written % ROWS_PER_SAVE < ROWS_PER_FORWARD or written == len(order):
                 features.flush()
-                _write_json_atomic(done_file, {"rows": written})
+                begin = record["chunks"][-1][0] if record["chunks"] else 0
+                record["chunks"].append([written, _chunk_checksum(features, ends, begin, written)])
+                record["rows"] = written
+                _write_json_atomic(done_file, record)
     del features
+
+
+def _resume_record(partial: Path, done_file: Path) -> dict:
+    """``done.json`` of an interrupted build, or a fresh start (said when it is unreadable or its index damaged)."""
+    if not done_file.is_file():
+        return {"rows": 0, "chunks": []}
+    try:
+        record = json.loads(done_file.read_text())
+        if not (isinstance(record.get("rows"), int) and isinstance(record.get("chunks"), list)):
+            raise ValueError("no rows or chunks recorded")
+        if not (partial / FEATURES_FILE).is_file():
+            raise FileNotFoundError(f"{FEATURES_FILE} is missing")
+        problem = None if cache.file_checksum(partial / INDEX_FILE) == record["index"] else "its index is damaged"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        problem = f"its {done_file.name} or files are unreadable ({error})"
+    if problem:
+        print(f"batchlab: the interrupted feature build in {partial} cannot be resumed ({problem}); starting it "
+              "again", flush=True)
+        return {"rows": 0, "chunks": []}
+    return record
+
+
+def _readable(path: Path) -> bool:
+    try:
+        np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _chunk_checksum(features: np.ndarray, ends: np.ndarray, begin: int, end: int) -> str:
+    """xxh3-128 of the features of sorted rows ``[begin, end)``."""
+    first = int(ends[begin - 1]) if begin else 0
+    return xxhash.xxh3_128_hexdigest(np.ascontiguousarray(features[first:int(ends[end - 1])]).data)
+
+
+def _verified_rows(features: np.ndarray, record: dict, ends: np.ndarray, partial: Path) -> int:
+    """The rows of the interrupted build that check out: up to the first saved chunk whose checksum fails."""
+    begin = 0
+    for end, checksum in record["chunks"]:
+        if end > len(ends) or _chunk_checksum(features, ends, begin, end) != checksum:
+            print(f"batchlab: the interrupted feature build in {partial} is damaged after row {begin} of "
+                  f"{len(ends)}; computing the rest again", flush=True)
+            return begin
+        begin = end
+    return begin
 
 
 def _write_json_atomic(path: Path, values: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +39,12 @@ def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
     if config.target.pretrained == bundled.BUNDLED:  # the shipped one (prepared configs already name its directory)
         bundled.verify()
         return str(bundled.target_dir())
+    from harness.data import cache
+
+    given = Path(str(config.target.pretrained)).expanduser()
+    meta = cache.read_meta(given) if given.is_dir() else None
+    if meta is not None and not cache.predates_checksums(meta):  # a batchlab cache entry named by its path
+        cache.verified_meta(given)
     return str(config.target.pretrained)
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from harness.data import cache
 from harness.data.config import DataConfig
+from harness.data.corpus import select_documents
+from harness.data.corpus_cache import corpus_documents, stdlib_samples
+from harness.data.tokenizer import EOS_TOKEN, PAD_TOKEN
 
 FORMAT_VERSION = 1
 PREFIX = "stdlib-chat"
@@ -44,7 +47,6 @@ CHAT_TEMPLATE = (
 
 def stdlib_chat(cfg: DataConfig, progress: bool = True) -> tuple[Path, Path, str]:
     """``(conversations.jsonl, tokenizer directory, cache key)`` of the embedded chat corpus (built once)."""
-    from harness.data.corpus_cache import corpus_documents, stdlib_samples
 
     base = replace(cfg, source="stdlib", vocab_size=cfg.vocab_size - len(CHAT_TOKENS), format="auto")
     bpe = stdlib_samples(base, progress=progress)  # the same definitions, the embedded BPE
@@ -53,9 +55,6 @@ def stdlib_chat(cfg: DataConfig, progress: bool = True) -> tuple[Path, Path, str
 
     def build(tmp: Path) -> dict:
         from transformers import PreTrainedTokenizerFast
-
-        from harness.data.corpus import select_documents
-        from harness.data.tokenizer import EOS_TOKEN, PAD_TOKEN
 
         documents, _ = corpus_documents(cfg, progress)
         chosen = select_documents(documents, cfg.max_documents, cfg.subset_seed)

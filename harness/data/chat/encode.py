@@ -19,7 +19,6 @@ like those :mod:`harness.data.chat.read` finds: all of them are reported togethe
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from harness.data.chat.read import (
     ConversationError,
     read_conversations,
 )
+from harness.data.hf_tokenizer import load_hf_tokenizer
+from harness.data.source_rows import default_loss_mask
 
 FORMAT_VERSION = 4  # 2: bad rows reported together, or dropped (data.bad_rows); 3: batched, GGUF tokenizers;
 # 4: assistant turns before the first user turn dropped
@@ -66,49 +67,8 @@ class ChatTokenizer:
         return len(self.tokenizer)
 
 
-#: files that make a checkpoint directory a Hugging Face tokenizer too
-TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json")
-
-
-def checkpoint_tokenizer(checkpoint: str | Path | None) -> str | None:
-    """``checkpoint`` when it holds a Hugging Face tokenizer (a target checkpoint's own, the default for the data):
-    a directory with tokenizer files, or a GGUF file (which carries its tokenizer); else None."""
-    if not checkpoint:
-        return None
-    location = Path(str(checkpoint))
-    if location.suffix.lower() == GGUF_SUFFIX:
-        return str(location) if location.is_file() else None
-    return str(location) if any((location / name).is_file() for name in TOKENIZER_FILES) else None
-
-
-GGUF_SUFFIX = ".gguf"
 #: conversations rendered and tokenized per call of the fast tokenizer (its batch runs on every core)
 ENCODE_BATCH = 256
-
-
-def load_hf_tokenizer(path: str | Path) -> Any:
-    """The Hugging Face tokenizer of a local tokenizer directory or a ``.gguf`` checkpoint file (transformers reads a
-    GGUF's tokenizer with the ``gguf`` package)."""
-    location = Path(path).expanduser().resolve()
-    if location.is_file() and location.suffix.lower() == GGUF_SUFFIX:
-        _require_gguf(location)
-    if location.is_dir() or (location.is_file() and location.suffix.lower() == GGUF_SUFFIX):
-        # one load per process while the files are unchanged: a run asks for it while checking its config (twice)
-        # and again for its data, and a GGUF file takes seconds to read
-        return _loaded_tokenizer(str(location), cache.digest(cache.path_signature(location)))
-    raise FileNotFoundError(f"data.tokenizer={str(path)!r} is neither a directory nor a .gguf file; give a local "
-                            "Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), e.g. the "
-                            "target checkpoint's, or a .gguf checkpoint file")
-
-
-@functools.lru_cache(maxsize=4)
-def _loaded_tokenizer(location: str, signature: str) -> Any:
-    from transformers import AutoTokenizer
-
-    path = Path(location)
-    if path.is_file():
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    return AutoTokenizer.from_pretrained(location, local_files_only=True)
 
 
 def load_chat_tokenizer(path: str | Path) -> ChatTokenizer:
@@ -140,14 +100,6 @@ def plain_backend(tokenizer: Any, post_processor: bool = True) -> Any:
     if not post_processor:
         backend.post_processor = None
     return backend
-
-
-def _require_gguf(location: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("gguf") is None:
-        raise ConversationError(f"data.tokenizer={str(location)!r} is a GGUF file, which transformers reads with the "
-                                "gguf package: pip install gguf")
 
 
 def encode_conversations(chat: ChatTokenizer, rows: list[tuple[str, list[dict[str, str]]]],
@@ -369,10 +321,8 @@ def conversation_lengths(path: Path, split: str | None, tokenizer_dir: str | Pat
 
 def write_samples(path: Path, id_parts: list[np.ndarray], mask_parts: list[np.ndarray] | None = None) -> None:
     """One Arrow stream file of ``input_ids`` (int32) and ``loss_mask`` (int8) rows, one per part; without
-    ``mask_parts`` every token is supervised but the first (:func:`~harness.data.sources.default_loss_mask`)."""
+    ``mask_parts`` every token is supervised but the first (:func:`~harness.data.source_rows.default_loss_mask`)."""
     import pyarrow as pa
-
-    from harness.data.sources import default_loss_mask
 
     offsets = np.zeros(len(id_parts) + 1, dtype=np.int64)
     np.cumsum([part.size for part in id_parts], out=offsets[1:])

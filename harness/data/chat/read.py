@@ -30,6 +30,7 @@ from typing import Any
 
 from harness.data.config import BAD_ROWS_CHOICES, INCOMPLETE_CHOICES
 from harness.data.errors import DataValidationError
+from harness.data.source_rows import select_split
 
 #: the column of each schema, and the keys of its turns
 SCHEMAS = {"messages": ("role", "content"), "conversations": ("from", "value")}
@@ -238,8 +239,6 @@ def source_records(path: Path, split: str | None, pick: Callable[[Path, list[str
     notes: list[str] = []
     if path.is_dir():
         import datasets
-
-        from harness.data.lengths import select_split
 
         dataset, _ = select_split(datasets.load_from_disk(str(path)), split, path, error,
                                   option="data.split", drop_fix="; set data.split to null")

@@ -98,7 +98,7 @@ def with_target_tokenizer(config: Any, config_dict: dict[str, Any]) -> dict[str,
     """The data is tokenized with the target's own tokenizer (and conversations with its chat template) by default:
     with ``data.tokenizer`` unset and ``target.pretrained`` a checkpoint that holds a tokenizer (a directory with
     tokenizer files, or a GGUF file), the config names it; any other config as it is."""
-    from harness.data.chat.encode import checkpoint_tokenizer
+    from harness.data.hf_tokenizer import checkpoint_tokenizer
 
     pretrained = None if config.target.pretrained == EMBEDDED_TARGET else config.target.pretrained
     tokenizer = None if config.data.tokenizer is not None else checkpoint_tokenizer(pretrained)
@@ -114,7 +114,7 @@ def with_tokenizer_vocabulary(config: Any, config_dict: dict[str, Any]) -> dict[
     tokenizer_dir = config_dict["data"].get("tokenizer")
     if tokenizer_dir is None or config.target.pretrained is not None:
         return config_dict
-    from harness.data.chat.encode import load_hf_tokenizer
+    from harness.data.hf_tokenizer import load_hf_tokenizer
 
     size = len(load_hf_tokenizer(tokenizer_dir))
     configured = int(config_dict["data"]["vocab_size"])

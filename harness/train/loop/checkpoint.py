@@ -11,6 +11,9 @@ batches, so it is refused with the differences named. The world size and the acc
 (:data:`LAYOUT_KEYS`) only lay the same samples out on ranks and micro-steps: the trainer may allow
 them to change, and then plans the rest of the checkpoint's epoch for the new shape
 (:func:`strategies.plan_remainder`).
+
+Each checkpoint's size and xxh3 checksum go into its sidecar ``step-N.pt.xxh3``, written after the file; a resume
+takes the newest checkpoint that checks out, says which it passed over and why, and refuses when none does.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from harness.data.cache import DamagedEntry, checksum_path, checksum_problem, write_checksum
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
@@ -101,25 +106,100 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return paths[-1] if paths else None
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a file size limit); the previous ones are intact."""
+
+
 def save_checkpoint(run_dir: Path, global_step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as ``checkpoints/step-NNNNNNNN.pt`` (temp file, fsync, rename); keep the newest ``keep``."""
+    """Write ``state`` as ``checkpoints/step-NNNNNNNN.pt`` (temp file, fsync, rename), then its checksum sidecar;
+    keep the newest ``keep``. A write that fails part-way removes its temporary file and raises
+    :class:`CheckpointWriteError`: the checkpoints written before stay as they were."""
     directory = Path(run_dir) / CHECKPOINT_DIR
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"step-{global_step:08d}.pt"
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        checksum_path(path).unlink(missing_ok=True)  # the old sidecar of a rewritten step would vouch for nothing
+        os.replace(tmp, path)
+        write_checksum(path)
+    except (OSError, RuntimeError) as error:  # torch.save reports a failed write as RuntimeError
+        tmp.unlink(missing_ok=True)
+        if not _write_failure(error):
+            raise
+        earlier = [p.name for p in checkpoint_paths(run_dir) if p != path]
+        raise CheckpointWriteError(
+            f"could not write checkpoint {path} ({error}); "
+            + (f"the earlier checkpoints ({', '.join(earlier)}) are untouched: free space or raise the file size "
+               "limit, then run the same command to resume" if earlier else "no earlier checkpoint exists")) from error
     for old in checkpoint_paths(run_dir)[:-keep]:
         old.unlink()
+        checksum_path(old).unlink(missing_ok=True)
     return path
 
 
+def _write_failure(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from or during: torch.save turns a failed write into a
+    RuntimeError) is the file system refusing a write."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) or "write" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _set_aside(paths: list[Path]) -> None:
+    for damaged in paths:
+        for file in (damaged, checksum_path(damaged)):
+            if file.exists():
+                os.replace(file, file.with_name(file.name + DAMAGED_SUFFIX))
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path`` once its checksum checks out (:class:`~harness.data.cache.DamagedEntry` if not)."""
+    problem = checksum_problem(Path(path))
+    if problem:
+        raise DamagedEntry(f"checkpoint {problem}")
     # weights_only=False: the state holds numpy RNG states and plain Python containers we wrote ourselves
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+#: what a damaged checkpoint passed over on resume is renamed to (never listed again, never pruned in place of a
+#: good one; kept for a look)
+DAMAGED_SUFFIX = ".damaged"
+
+
+def newest_good_checkpoint(run_dir: Path, say: Any = print, set_aside: bool = False) -> Path | None:
+    """The newest checkpoint whose checksum checks out (None when there is no checkpoint at all); each newer one
+    passed over is said (``say``) and, with ``set_aside`` (one rank), renamed ``…pt.damaged``;
+    :class:`~harness.data.cache.DamagedEntry` names every file when none is good. In a run directory where no
+    checkpoint has its checksum (an older batchlab wrote them all), the newest is used unverified, said."""
+    paths = checkpoint_paths(run_dir)
+    if paths and not any(checksum_path(p).exists() for p in paths):
+        say(f"batchlab-train: the checkpoints in {Path(run_dir) / CHECKPOINT_DIR} predate checksums (an older "
+            f"batchlab wrote them): resuming from {paths[-1].name} unverified")
+        return paths[-1]
+    problems = []
+    for path in reversed(paths):
+        problem = checksum_problem(path)
+        if problem is None:
+            if problems:
+                say(f"batchlab-train: passed over {len(problems)} damaged checkpoint(s) ({'; '.join(problems)}); "
+                    f"resuming from {path.name}, the newest good one"
+                    + (f" (the damaged ones renamed *{DAMAGED_SUFFIX})" if set_aside else ""))
+                if set_aside:
+                    _set_aside(paths[paths.index(path) + 1:])
+            return path
+        problems.append(problem)
+    if problems:
+        raise DamagedEntry(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR} can be resumed: {'; '.join(problems)}. "
+                           "Restore one from a good copy, or start a fresh run in a new directory (or set "
+                           "trainer.resume=false)")
+    return None
 
 
 class Stateful(Protocol):
@@ -187,13 +267,17 @@ class CheckpointManager:
             save_checkpoint(self.run_dir, global_step, state, self.keep)
         self.barrier()
 
+    def _say(self, line: str) -> None:
+        if self.is_main:
+            print(line, flush=True)
+
     def restore(self) -> Restored | None:
         """Load the latest checkpoint into the components (None when there is none). Refused before any component loads: another plan (:class:`FingerprintMismatch`,
         world size and accumulation aside) or another state version (:class:`CheckpointVersionError`)."""
-        path = latest_checkpoint(self.run_dir)
+        path = newest_good_checkpoint(self.run_dir, say=self._say, set_aside=self.is_main)
         if path is None:
             return None
-        saved = load_checkpoint(path)
+        saved = torch.load(path, map_location="cpu", weights_only=False)  # its checksum checked just now
         check_versions(saved, {name: c.state_version for name, c in self.components.items()}, path)
         # world size and accumulation may change (elastic resume): the rest of the epoch is re-planned
         layout_changed = check_fingerprint(saved["fingerprint"], self.fingerprint, path, allowed=LAYOUT_KEYS)

@@ -154,11 +154,20 @@ class WandbSink:
         self._guard("summary", write)
 
     def location(self) -> str:
+        """Where the run went: its URL, its offline directory (only where one was written), or that W&B is off."""
+        if getattr(self.run, "disabled", False):
+            return "W&B disabled (WANDB_MODE=disabled or logger.mode=disabled): nothing logged to W&B"
         url = None if getattr(self.run, "offline", False) else getattr(self.run, "url", None)  # .url warns offline
-        return f"W&B {url}" if url else f"W&B offline run in {Path(self.run.dir).parent} (wandb sync to upload)"
+        if url:
+            return f"W&B {url}"
+        directory = Path(self.run.dir).parent
+        return (f"W&B offline run in {directory} (wandb sync to upload)" if directory.is_dir()
+                else "W&B offline, but no run directory was written")
 
     def close(self, failed: bool = False) -> None:
-        """Finish the W&B run (marked failed, exit code 1, when the rank failed)."""
+        """Finish the W&B run (marked failed, exit code 1, when the rank failed), also after a logging failure
+        turned W&B off: an unfinished run would take the next ``wandb.init`` of this process (a sweep's next job)."""
+        self._failed = False
         self._guard("finish", lambda: self.run.finish(exit_code=1 if failed else 0))
 
 

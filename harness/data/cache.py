@@ -146,14 +146,11 @@ def entry_problem(entry: Path, meta: dict | None = None) -> str | None:
 def verified_meta(entry: Path) -> dict:
     """``meta.json`` of an entry given by path (e.g. ``target.pretrained=<entry>``) once its files check out;
     raises :class:`DamagedEntry` naming what is wrong otherwise."""
-    stamp = _stamp(entry)
     meta = read_meta(entry)
-    if stamp is None or _VERIFIED.get(str(entry)) != stamp:
-        problem = entry_problem(entry, meta)
-        if problem:
-            raise DamagedEntry(f"{entry} is damaged: {problem}. Rebuild it (delete it and run the command that made "
-                               "it), or restore it from a good copy")
-        _VERIFIED[str(entry)] = stamp
+    problem = _verified_problem(entry, meta)
+    if problem:
+        raise DamagedEntry(f"{entry} is damaged: {problem}. Rebuild it (delete it and run the command that made it), "
+                           "or restore it from a good copy")
     return meta
 
 
@@ -178,34 +175,30 @@ def write_checksum(path: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def checksum_problem(path: Path) -> str | None:
-    """Why the file ``path`` must not be used (missing, no sidecar, other size or bytes), or None."""
+def _sidecar_problem(path: Path, size: int, checksum: Callable[[], str]) -> str | None:
+    """Why a file of ``size`` bytes and ``checksum()`` is not the one its sidecar recorded, or None."""
     try:
         record = json.loads(checksum_path(path).read_text())
     except (OSError, ValueError):
         return f"{path} has no readable checksum ({checksum_path(path).name}): a write cut short, or an older batchlab"
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return f"{path} is missing"
     if size != record.get("bytes"):
         return f"{path} has {size:,} bytes where {record.get('bytes')} were written"
+    return None if checksum() == record.get("xxh3_128") else f"{path} does not match its checksum"
+
+
+def checksum_problem(path: Path) -> str | None:
+    """Why the file ``path`` must not be used (missing, no sidecar, other size or bytes), or None."""
     try:
-        if file_checksum(path) != record.get("xxh3_128"):
-            return f"{path} does not match its checksum"
+        return _sidecar_problem(path, path.stat().st_size, lambda: file_checksum(path))
     except FileNotFoundError:
         return f"{path} is missing"
-    return None
 
 
 def write_json_checked(path: Path, values: Any, **dump: Any) -> None:
     """``values`` as JSON at ``path`` (temporary file, fsync, rename) with its checksum sidecar written after it."""
     temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
-        with open(temporary, "w") as handle:
-            handle.write(json.dumps(values, **dump))
-            handle.flush()
-            os.fsync(handle.fileno())
+        _write_synced(temporary, json.dumps(values, **dump))
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
@@ -219,15 +212,8 @@ def read_json_checked(path: Path, what: str) -> Any | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    try:
-        record = json.loads(checksum_path(path).read_text())
-    except (OSError, ValueError):
-        record = None
-    if record is None:
-        problem = f"{path} has no readable checksum ({checksum_path(path).name})"
-    elif len(data) != record.get("bytes") or xxhash.xxh3_128_hexdigest(data) != record.get("xxh3_128"):
-        problem = f"{path} does not match its checksum"
-    else:
+    problem = _sidecar_problem(path, len(data), lambda: xxhash.xxh3_128_hexdigest(data))
+    if problem is None:
         return json.loads(data)
     print(f"batchlab: {what} cache is damaged ({problem}); rebuilding it", flush=True)
     return None
@@ -309,16 +295,22 @@ def _stamp(entry: Path) -> tuple | None:
 def _intact_meta(entry: Path, key: str) -> dict | None:
     """The entry's meta when it is this key's finished build and its files check out (or it predates checksums);
     else None (the caller rebuilds under the lock, where a damaged entry is reported)."""
-    stamp = _stamp(entry)
-    meta = read_meta(entry) if stamp is not None else None
-    if meta is None or meta.get("key") != key:
+    meta = read_meta(entry)
+    if meta is None or meta.get("key") != key or _verified_problem(entry, meta) is not None:
         return None
-    if _VERIFIED.get(str(entry)) != stamp:
-        if entry_problem(entry, meta) is not None:
-            return None
-        _VERIFIED[str(entry)] = stamp
     _said_unverified(entry, meta)
     return meta
+
+
+def _verified_problem(entry: Path, meta: dict | None) -> str | None:
+    """:func:`entry_problem`, computed once a process while the entry's files stay as they were (:func:`_stamp`)."""
+    stamp = _stamp(entry)
+    if stamp is not None and _VERIFIED.get(str(entry)) == stamp:
+        return None
+    problem = entry_problem(entry, meta)
+    if problem is None and stamp is not None:
+        _VERIFIED[str(entry)] = stamp
+    return problem
 
 
 def _said_unverified(entry: Path, meta: dict) -> None:

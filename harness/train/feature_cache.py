@@ -102,10 +102,6 @@ def _build_partial(partial: Path, samples: Any, rows: np.ndarray, target: Any, t
     partial.mkdir(parents=True, exist_ok=True)
     done_file = partial / "done.json"
     record = _resume_record(partial, done_file)
-    if record["rows"] and not _readable(partial / FEATURES_FILE):
-        print(f"batchlab: the interrupted feature build in {partial} cannot be resumed (its {FEATURES_FILE} is cut "
-              "short); starting it again", flush=True)
-        record = {"rows": 0, "chunks": []}
     if record["rows"] == 0:
         index = np.full((len(samples), 2), (-1, 0), dtype=np.int64)
         index[order, 1] = lengths[sort]
@@ -151,8 +147,7 @@ def _resume_record(partial: Path, done_file: Path) -> dict:
         record = json.loads(done_file.read_text())
         if not (isinstance(record.get("rows"), int) and isinstance(record.get("chunks"), list)):
             raise ValueError("no rows or chunks recorded")
-        if not (partial / FEATURES_FILE).is_file():
-            raise FileNotFoundError(f"{FEATURES_FILE} is missing")
+        np.load(partial / FEATURES_FILE, mmap_mode="r")  # missing or cut short: OSError or ValueError
         problem = None if cache.file_checksum(partial / INDEX_FILE) == record["index"] else "its index is damaged"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         problem = f"its {done_file.name} or files are unreadable ({error})"
@@ -161,14 +156,6 @@ def _resume_record(partial: Path, done_file: Path) -> dict:
               "again", flush=True)
         return {"rows": 0, "chunks": []}
     return record
-
-
-def _readable(path: Path) -> bool:
-    try:
-        np.load(path, mmap_mode="r")
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def _chunk_checksum(features: np.ndarray, ends: np.ndarray, begin: int, end: int) -> str:

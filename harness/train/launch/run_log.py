@@ -54,7 +54,8 @@ class _Copy(io.TextIOBase):
         self._partial = ""
 
     def isatty(self) -> bool:
-        return self.stream.isatty()
+        # a library that kept this copy as its stdout may ask after the stream closed (colorama at exit)
+        return not getattr(self.stream, "closed", False) and self.stream.isatty()
 
     def fileno(self) -> int:
         return self.stream.fileno()

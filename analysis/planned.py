@@ -44,9 +44,13 @@ class Contrast:
     """A planned contrast A vs B: its kind and, for equivalence, the margin δ (the endpoint's units)."""
 
     a: str
+    """Strategy A, the one the verdict speaks of (``better`` or ``worse`` than B)."""
     b: str
+    """Strategy B, the comparator."""
     kind: str
+    """``superiority`` (a paired t-test) or ``equivalence`` (TOST within ``margin``)."""
     margin: float | None = None
+    """Equivalence only: the margin δ in the endpoint's units (> 0), its reason in ``margin_rationale``."""
 
     @property
     def name(self) -> str:
@@ -58,14 +62,23 @@ class Preregistration:
     """What was declared before the confirmatory runs (module docstring)."""
 
     endpoint: str
-    better: str  # "lower" or "higher"
+    """The primary endpoint: a column of ``runs.csv`` (e.g. ``final_eval_loss``)."""
+    better: str
+    """Which way the endpoint improves: ``lower`` or ``higher``."""
     alpha: float
+    """The family-wise level Holm controls over the planned contrasts, in (0, 0.5); 0.05 when the file omits it."""
     contrasts: tuple[Contrast, ...]
+    """The planned contrasts A vs B, each ``{a, b, kind}`` (``margin`` too for an equivalence)."""
     pilot_seeds: tuple[int, ...] = ()
+    """The seeds of the pilot the design was sized on; never reused."""
     confirmatory_seeds: tuple[int, ...] = ()
+    """The seeds of the confirmatory runs (the sweeps run these: ``${batchlab_seeds:confirmatory}``)."""
     margin_rationale: str = ""
-    artefact: str = ""  # the data fingerprint the design was declared on (the shipped embedded default's)
-    seed_budget: int | None = None  # the most confirmatory seeds the run budget holds (the count is capped there)
+    """Why the equivalence margins are what they are (required with an equivalence contrast)."""
+    artefact: str = ""
+    """The data fingerprint the design was declared on (the shipped embedded default's); empty: not checked."""
+    seed_budget: int | None = None
+    """The most confirmatory seeds the run budget holds (the count is capped there)."""
 
 
 def load_preregistration(path: str | Path) -> Preregistration:

@@ -75,7 +75,8 @@ class CliOption:
 class Strategy:
     """Base of every strategy: validation, then micro-batches, then steps/ranks (see ``plan``).
 
-    A strategy is a frozen dataclass whose fields are its options; it implements
+    A strategy is a frozen dataclass whose fields are its options, each documented by a docstring right under
+    it (its first line is the option's line in the config reference); it implements
     :meth:`micro_batches` and declares, as class attributes:
 
     - ``name``: its registry name (also its Hydra file ``conf/strategy/<name>.yaml``);
@@ -197,7 +198,7 @@ def cut_token_steps(
     tokens ``<= t <= T``: every step but the last of its group holds more than ``T - t`` and at most
     ``T + t`` tokens, and after ``k`` steps the running total is within ``t / 2`` of ``k * T``, so the
     step count is ``total / T`` up to ``-t / (2T)`` and ``+1 + t / (2T)`` whatever the micro-batches.
-    A micro-batch over ``T`` is a step alone (docs/design.md §2).
+    A micro-batch over ``T`` is a step alone (docs/design/data-flow.md).
     """
     if group_offsets is None:
         group_offsets = np.array([0, tokens_in_order.size], dtype=np.int64)

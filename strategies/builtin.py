@@ -27,7 +27,7 @@ from .validate import check_positive_int
 #: uses as many of them as lower the expected padding while every bucket keeps enough samples, so
 #: the number used follows the dataset; the cap is high so that a large dataset is never held to
 #: fewer buckets than its padding calls for, and a small one is held back by the bound, not by it
-#: (numbers per dataset: docs/design.md §3, benchmarks/RESULTS.md).
+#: (numbers per dataset: docs/design/strategies.md, benchmarks/RESULTS.md).
 DEFAULT_NUM_BUCKETS = 64
 #: default ``max_recurrence`` of ``bucketed``
 DEFAULT_MAX_RECURRENCE = 0.1
@@ -110,41 +110,7 @@ class ShuffleStrategy(Strategy):
 @register_strategy
 @dataclass(frozen=True)
 class BucketedStrategy(Strategy):
-    """Length buckets; shuffle inside buckets, fill inside a bucket, shuffle the micro-batch order.
-
-    Options:
-        num_buckets: the most buckets (default :data:`DEFAULT_NUM_BUCKETS`); the dp edges use
-            fewer when more would not lower the expected padding or would break ``max_recurrence``.
-        edges: ``"dp"`` (default), ``"quantile"``, ``"equal_tokens"`` or increasing upper edges.
-        max_recurrence: bound on the composition recurrence of every bucket (default 0.1; None
-            for no bound), honoured by the ``"dp"`` edges as a minimum bucket population inside
-            the dynamic program: a bucket of ``n`` samples whose samples have ``partners``
-            micro-batch partners each (modelled from the bucket's length histogram) repeats a
-            fraction ``partners / (n - 1)`` of its pairs in the next epoch, so it needs
-            ``n >= 1 + partners / max_recurrence`` samples (a bucket that fits in one micro-batch
-            repeats all of them; a one-sample bucket is alone in the same micro-batch every epoch).
-            Only samples at most half the budget long can pair; a bucket that straddles half the
-            budget counts its pairs among those (:func:`strategies.edges.modelled_bucket_recurrence`).
-            Buckets whose samples get one row each (longer than half the budget) have no pairs and
-            no bound. Without any feasible split the edges
-            fall back to one bucket. Other edge methods and explicit edges ignore it (the plan
-            reports the recurrence it gets; ``batchlab-plan`` warns above the bound).
-        same_bucket_steps: keep the ``world_size * grad_accum`` micro-batches of a step in one
-            bucket (ranks then do similar work). Each bucket's micro-batches are cut into whole
-            steps; the few left over per bucket (fewer than one step's worth) are shuffled
-            together into mixed steps, so no step is padded with empty micro-batches except the
-            last. A bucket forms its own steps only when it holds at least ``1 / max_recurrence``
-            steps' worth of micro-batches: a pure step of a bucket with ``s`` steps meets again
-            with probability about ``1 / s`` in the next epoch, so smaller buckets (most of them on
-            small datasets) go to the mixed pool whole, keeping the step recurrence under the same
-            bound. Step order is shuffled each epoch. Default True: the ranks of a step then do
-            similar work (lower rank imbalance, for the target and the drafter), at the price of
-            length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
-            recurrence and padding are unchanged; numbers in docs/design.md §3). False mixes
-            buckets inside a step. With ``step_tokens`` (equal-token steps) each bucket's
-            micro-batches are cut into steps by the cut rule and the same rules apply to those
-            steps (:func:`_same_bucket_token_steps`).
-    """
+    """Length buckets; shuffle inside buckets, fill inside a bucket, shuffle the micro-batch order."""
 
     name: ClassVar[str] = "bucketed"
     epoch_composition: ClassVar[str] = "bounded"
@@ -165,9 +131,39 @@ class BucketedStrategy(Strategy):
         ),
     )
     num_buckets: int = DEFAULT_NUM_BUCKETS
+    """The most buckets; the dp edges use fewer when more would not lower the padding or would break the bound.
+
+    The bound is ``max_recurrence``; default :data:`DEFAULT_NUM_BUCKETS`.
+    """
     edges: str | Sequence[int] = "dp"
+    """Bucket edges: ``dp`` (default), ``quantile``, ``equal_tokens``, or increasing upper edges."""
     same_bucket_steps: bool = True
+    """Keep the ``world_size * grad_accum`` micro-batches of a step in one bucket (ranks then do similar work).
+
+    Each bucket's micro-batches are cut into whole steps; the few left over per bucket (fewer than one step's
+    worth) are shuffled together into mixed steps, so no step is padded with empty micro-batches except the last.
+    A bucket forms its own steps only when it holds at least ``1 / max_recurrence`` steps' worth of micro-batches:
+    a pure step of a bucket with ``s`` steps meets again with probability about ``1 / s`` in the next epoch, so
+    smaller buckets (most of them on small datasets) go to the mixed pool whole, keeping the step recurrence under
+    the same bound. Step order is shuffled each epoch. True: lower rank imbalance (for the target and the
+    drafter), at the price of length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
+    recurrence and padding are unchanged; numbers in docs/design/strategies.md). False mixes buckets inside a step. With
+    ``step_tokens`` (equal-token steps) each bucket's micro-batches are cut into steps by the cut rule and the same
+    rules apply to those steps (:func:`_same_bucket_token_steps`).
+    """
     max_recurrence: Optional[float] = DEFAULT_MAX_RECURRENCE
+    """Bound on every bucket's composition recurrence between epochs, honoured by the dp edges (null: no bound).
+
+    Honoured as a minimum bucket population inside the dynamic program: a bucket of ``n`` samples whose samples
+    have ``partners`` micro-batch partners each (modelled from the bucket's length histogram) repeats a fraction
+    ``partners / (n - 1)`` of its pairs in the next epoch, so it needs ``n >= 1 + partners / max_recurrence``
+    samples (a bucket that fits in one micro-batch repeats all of them; a one-sample bucket is alone in the same
+    micro-batch every epoch). Only samples at most half the budget long can pair; a bucket that straddles half the
+    budget counts its pairs among those (:func:`strategies.edges.modelled_bucket_recurrence`). Buckets whose
+    samples get one row each (longer than half the budget) have no pairs and no bound. Without any feasible split
+    the edges fall back to one bucket. Other edge methods and explicit edges ignore it (the plan reports the
+    recurrence it gets; ``batchlab-plan`` warns above the bound). Default 0.1.
+    """
 
     def __post_init__(self) -> None:
         check_positive_int("bucketed num_buckets", self.num_buckets, "use at least one bucket")
@@ -315,9 +311,6 @@ class PackedStrategy(Strategy):
 
     A row (one micro-batch, layout ``packed``) holds at most ``max_tokens`` tokens and
     ``max_samples`` documents; samples are never split. Rows are put in random order.
-
-    Options:
-        fit: ``"first"`` (default) or ``"best"``.
     """
 
     name: ClassVar[str] = "packed"
@@ -325,6 +318,7 @@ class PackedStrategy(Strategy):
     layout: ClassVar[Layout] = "packed"
     report_rank: ClassVar[int] = 3
     fit: str = "first"
+    """How a sample finds its row: ``first`` fit (default) or ``best`` fit."""
 
     def __post_init__(self) -> None:
         if self.fit not in ("first", "best"):
@@ -369,16 +363,6 @@ class LengthGroupedStrategy(Strategy):
     then each megabatch is split greedily into micro-batches under the budget (a micro-batch never
     spans two megabatches). As in Hugging Face, the multiplier is lowered to
     ``samples // (4 * batch_size)`` (at least 1) on small datasets.
-
-    Options:
-        mega_batch_mult: megabatch size in batches (default 50, Hugging Face's).
-        batch_size: samples per batch for the megabatch size; None (default) takes the rows of a
-            micro-batch of median-length samples, ``max_tokens // median length`` (capped by
-            ``max_samples``), at least 1 (27 on ``chat-902k`` at 16384 tokens).
-        shuffle_order: True (default) shuffles the micro-batch order each epoch (ranks and steps
-            then see unrelated lengths); False keeps Hugging Face's order, megabatch after
-            megabatch, longest first inside each — the order whose step mean length oscillates
-            (large lag-1 ACF), kept so reports can show it.
     """
 
     name: ClassVar[str] = "length_grouped"
@@ -392,8 +376,19 @@ class LengthGroupedStrategy(Strategy):
                   const=False),
     )
     mega_batch_mult: int = HF_MEGA_BATCH_MULT
+    """Megabatch size in batches (default 50, Hugging Face's)."""
     batch_size: Optional[int] = None
+    """Samples per batch for the megabatch size; null: ``max_tokens // median length`` (at least 1).
+
+    Null takes the rows of a micro-batch of median-length samples, capped by ``max_samples`` (27 on ``chat-902k``
+    at 16384 tokens).
+    """
     shuffle_order: bool = True
+    """Shuffle the micro-batch order each epoch; false keeps Hugging Face's order, longest first per megabatch.
+
+    True: ranks and steps then see unrelated lengths. False: megabatch after megabatch, longest first inside each,
+    the order whose step mean length oscillates (large lag-1 ACF), kept so reports can show it.
+    """
 
     def __post_init__(self) -> None:
         check_positive_int("length_grouped mega_batch_mult", self.mega_batch_mult, "use at least 1 (50 is Hugging Face's)")

@@ -27,79 +27,97 @@ class DataConfigError(ValueError):
 
 @dataclass
 class DataConfig:
-    """What to load and how to split it.
-
-    Attributes:
-        source: ``"stdlib"`` (the embedded corpus: this interpreter's standard library, split into
-            top-level functions and classes), ``"stdlib-chat"`` (the same definitions as conversations,
-            :mod:`harness.data.chat.corpus`), a directory written by ``save_to_disk``, a ``.parquet``
-            file or a ``.jsonl`` file with an ``input_ids`` column (and optionally ``loss_mask``).
-        split: split of a saved ``DatasetDict`` (not needed when it has a single split).
-        max_documents: seeded subset of the embedded corpus (``None``: all of it); applied before
-            the held-out split. Ignored for other sources.
-        subset_seed: seed of that subset; fixed, independent of the run seed.
-        vocab_size: size of the BPE vocabulary trained for the embedded corpus. ``conf/train.yaml`` also
-            passes it to a random-weight target as ``target.vocab_size``, so with another source set it
-            to (at least) your largest token id + 1; a pretrained target brings its own vocabulary.
-        heldout_fraction: fraction of samples held out for evaluation, in [0, 1).
-        max_heldout: cap on the number of held-out samples (``None``: no cap).
-        heldout_seed: the held-out split's own seed: the same for every strategy and run seed.
-        validation_fraction: fraction of the *training* rows set aside as a validation split (never trained
-            on, by the drafter or by a pretrained target, and apart from the held-out test rows) for tuning,
-            e.g. the learning rate (``eval.split=validation``); 0: none.
-        max_validation: cap on the number of validation rows (``None``: no cap).
-        no_anchor: what to do with a sample that has no position able to anchor a drafter block:
-            ``"drop"`` (dropped and counted) or ``"error"``.
-        cache_dir: where built data is cached; ``None`` means ``$BATCHLAB_CACHE`` or
-            ``~/.cache/batchlab``.
-        format: ``"auto"`` (conversations when the source has a ``messages`` or ``conversations`` column and
-            no ``input_ids``, text when it has a ``text`` column and neither), ``"tokenized"`` (``input_ids`` +
-            ``loss_mask``), ``"conversations"`` (OpenAI ``messages`` or ShareGPT ``conversations``,
-            :mod:`harness.data.chat.read`) or ``"text"`` (a ``text`` column, :mod:`harness.data.text_tokenize`).
-        tokenizer: a local Hugging Face tokenizer directory or a ``.gguf`` file: conversations get its chat
-            template, text and the embedded corpus its tokens (``None``: the target checkpoint's own when
-            ``target.pretrained`` is one, else the embedded BPE, or the embedded chat tokenizer for
-            ``source=stdlib-chat``).
-        incomplete: conversations only: one that does not end with an assistant turn is ``"trim"``-med
-            after its last assistant turn, ``"drop"``-ped (one with no assistant turn too), or an ``"error"``
-            (a bad row), counted either way.
-        bad_rows: conversations only: a row that cannot be used (not JSON, an unknown role, an empty turn,
-            content that is not text, no assistant turn, refused by the chat template) is reported with every
-            other bad row in one message and nothing is tokenized (``"refuse"``), or left out and counted
-            (``"drop"``).
-        max_rows: any source but the embedded corpus: a seeded subset (``subset_seed``) of this many rows, drawn
-            after the cut below and before the held-out split (``None``: every row).
-        max_length: any source but the embedded corpus: a longer row is cut at the end of its last supervised span
-            within this many tokens (inside its first span when none ends within it; dropped, and counted, when its
-            prompt alone fills it) (``None``: rows kept whole). :mod:`harness.data.subset`.
-        completions: ``"corpus"`` (the data's own completions) or ``"regenerated"``: every prompt's
-            completion regenerated greedily by the run's (pretrained) target before training, as the
-            anchor trainers do, so that the drafter learns the target's distribution
-            (``harness.eval.regenerate``, cached).
-        max_reply_tokens: with ``completions="regenerated"``: the cap on each regenerated completion or assistant
-            turn (else as long as the original; a turn also stops at the tokenizer's end of turn).
-    """
+    """What to load and how to split it (one attribute docstring per field)."""
 
     source: str = STDLIB_SOURCE
+    """What to load: ``stdlib``, ``stdlib-chat``, ``bundled``, a ``save_to_disk`` directory, a .parquet or .jsonl file.
+
+    ``stdlib`` is the embedded corpus (this interpreter's standard library, split into top-level functions and
+    classes); ``stdlib-chat`` the same definitions as conversations (:mod:`harness.data.chat.corpus`); a file or
+    directory has an ``input_ids`` column (and optionally ``loss_mask``), or conversations or text (``format``).
+    """
     split: str | None = None
+    """Split of a saved ``DatasetDict`` (not needed when it has a single split)."""
     max_documents: int | None = 800
+    """Seeded subset of the embedded corpus (null: all of it), applied before the held-out split.
+
+    Ignored for other sources.
+    """
     subset_seed: int = 0
+    """Seed of the data subsets (``max_documents``, ``max_rows``); fixed, independent of the run seed."""
     vocab_size: int = 1024
+    """Size of the BPE vocabulary trained for the embedded corpus (also a random-weight target's vocabulary).
+
+    ``conf/train.yaml`` passes it to a random-weight target as ``target.vocab_size``, so with another source set it
+    to (at least) your largest token id + 1; a pretrained target brings its own vocabulary.
+    """
     heldout_fraction: float = 0.05
+    """Fraction of samples held out for evaluation, in [0, 1)."""
     max_heldout: int | None = 256
+    """Cap on the number of held-out samples (null: no cap)."""
     heldout_seed: int = 1234
+    """The held-out split's own seed: the same for every strategy and run seed."""
     validation_fraction: float = 0.0
+    """Fraction of the training rows set aside as a validation split for tuning (0: none).
+
+    Never trained on, by the drafter or by a pretrained target, and apart from the held-out test rows; used to
+    choose e.g. the learning rate (``eval.split=validation``).
+    """
     max_validation: int | None = 256
+    """Cap on the number of validation rows (null: no cap)."""
     no_anchor: str = "drop"
+    """A sample with no position able to anchor a drafter block: ``drop`` (dropped and counted) or ``error``."""
     cache_dir: str | None = None
+    """Where built data is cached; null: ``$BATCHLAB_CACHE`` or ``~/.cache/batchlab``."""
     completions: str = "corpus"
+    """``corpus`` (the data's own completions) or ``regenerated`` (the target's greedy completions of the prompts).
+
+    ``regenerated``: every prompt's completion is regenerated greedily by the run's (pretrained) target before
+    training, as the anchor trainers do, so that the drafter learns the target's distribution
+    (``harness.eval.regenerate``, cached).
+    """
     format: str = "auto"
+    """How to read the source's rows: ``auto``, ``tokenized``, ``conversations`` or ``text``.
+
+    ``auto``: conversations when the source has a ``messages`` or ``conversations`` column and no ``input_ids``,
+    text when it has a ``text`` column and neither. ``tokenized``: ``input_ids`` + ``loss_mask``.
+    ``conversations``: OpenAI ``messages`` or ShareGPT ``conversations`` (:mod:`harness.data.chat.read`).
+    ``text``: a ``text`` column (:mod:`harness.data.text_tokenize`).
+    """
     tokenizer: str | None = None
+    """A local Hugging Face tokenizer directory or a .gguf file; null: the target's own, else the embedded one.
+
+    Conversations get its chat template, text and the embedded corpus its tokens. Null: the target checkpoint's
+    own when ``target.pretrained`` is one, else the embedded BPE (or the embedded chat tokenizer for
+    ``source=stdlib-chat``).
+    """
     incomplete: str = "trim"
+    """Conversations not ending with an assistant turn: ``trim`` (after the last one), ``drop`` or ``error``.
+
+    ``drop`` also drops a conversation with no assistant turn; ``error`` makes it a bad row; counted either way.
+    """
     bad_rows: str = "refuse"
+    """Conversations only: unusable rows are all reported and nothing is tokenized (``refuse``), or ``drop``-ped.
+
+    A bad row is not JSON, has an unknown role, an empty turn, content that is not text, no assistant turn, or is
+    refused by the chat template; ``drop`` leaves it out and counts it.
+    """
     max_rows: int | None = None
+    """Your own data: a seeded subset (``subset_seed``) of this many rows, before the held-out split (null: all).
+
+    Drawn after the cut at ``max_length``.
+    """
     max_length: int | None = None
+    """Your own data: cut a longer row at the end of its last supervised span within this many tokens (null: whole).
+
+    Cut inside its first span when none ends within it; dropped, and counted, when its prompt alone fills it
+    (:mod:`harness.data.subset`).
+    """
     max_reply_tokens: int = 256
+    """With ``completions=regenerated``: the cap on each regenerated completion or assistant turn.
+
+    Else as long as the original; a turn also stops at the tokenizer's end of turn.
+    """
 
     def __post_init__(self) -> None:
         for name, choices in (("format", FORMATS), ("incomplete", INCOMPLETE_CHOICES),

@@ -23,35 +23,66 @@ class DrafterConfig:
     """Shape and training knobs of the drafter; the hidden size and vocabulary come from the target."""
 
     num_hidden_layers: int = 1
+    """Decoder layers of the drafter."""
     num_attention_heads: int = 4
+    """Attention heads (a multiple of ``num_key_value_heads``)."""
     num_key_value_heads: int = 2
+    """Key and value heads (grouped-query attention)."""
     head_dim: int = 16
+    """Dimension of each attention head (even, for the rotary embeddings)."""
     intermediate_size: int = 128
+    """Width of the MLP."""
     hidden_act: str = "silu"
+    """The MLP's activation function."""
     rms_norm_eps: float = 1e-6
+    """Epsilon of the RMS norms."""
     rope_theta: float = 1_000_000.0
+    """Base of the rotary position embeddings."""
     attention_bias: bool = False
+    """Bias in the query, key, value and output projections."""
     max_position_embeddings: int = 32768
+    """Longest position the rotary embeddings cover."""
     block_size: int = 16
+    """Tokens per draft block: the anchor, then the slots predicted after it (at least 2)."""
     num_anchors: int = 512
-    loss_decay_gamma: float | None = None  # None: 7 for B=16, 5 for B=10, 4 for B=8
-    mask_token_id: int | None = None  # None: add a MASK token (id = target vocab size)
-    target_layer_ids: list[int] | None = None  # None: build_target_layer_ids(n_target, num_hidden_layers)
-    attention_backend: str = "auto"  # auto: flex on CUDA, sdpa elsewhere; dense: the reference (see DFlashAttention)
+    """The most anchor positions drawn per document (uniformly among its candidates, seeded per sample)."""
+    loss_decay_gamma: float | None = None
+    """Decay of the loss weight along a block's slots; null: 7 for block_size 16, 5 for 10, 4 for 8."""
+    mask_token_id: int | None = None
+    """Id of the MASK token in the predicted slots; null: add one (id = the target's vocabulary size)."""
+    target_layer_ids: list[int] | None = None
+    """Target layers whose hidden states feed the drafter; null: DFlash's rule, evenly spaced from 1 to n-3.
+
+    ``harness.models.config.build_target_layer_ids(n_target, num_hidden_layers)``.
+    """
+    attention_backend: str = "auto"
+    """The drafter's attention kernel: ``auto`` (flex on CUDA, sdpa elsewhere), ``sdpa``, ``dense`` or ``flex``.
+
+    ``dense`` is the reference implementation (see ``DFlashAttention``).
+    """
     initializer_range: float = 0.02
-    # Memory bounds of one micro-batch. max_blocks caps the blocks of a micro-batch (None: no cap);
-    # the kept ones are those with the smallest anchor keys over the micro-batch (drafter_inputs.py).
-    # loss_chunk_blocks: blocks per chunk of the LM head + cross-entropy (logits of one chunk at a time).
+    """Standard deviation of the drafter's weight initialisation."""
     max_blocks: int | None = None
+    """Cap on the blocks of one micro-batch (a memory bound); null: no cap.
+
+    The kept blocks are those with the smallest anchor keys over the micro-batch (``drafter_inputs.py``).
+    """
     loss_chunk_blocks: int = 256
-    # draft_vocab_size: the head predicts only this many of the target's tokens, the most frequent labels of the
-    # training data (harness.models.draft_vocab; EAGLE-3's and SpecForge's d2t/t2d); None: the whole vocabulary
+    """Blocks per chunk of the LM head and cross-entropy (the logits of one chunk at a time bound memory)."""
     draft_vocab_size: int | None = None
-    # distill_weight α: each slot's label is (1 - α)·the token + α·the target's own next-token distribution (soft
-    # labels, EAGLE's practice; the target's final norm and LM head over its last layer, which target_layer_ids must
-    # tap); 0: DFlash's hard labels. Training only: the held-out loss stays the hard labels' CE
+    """The head predicts only this many of the target's tokens, the training data's most frequent labels.
+
+    ``harness.models.draft_vocab``; EAGLE-3's and SpecForge's d2t/t2d. Null: the whole vocabulary.
+    """
     distill_weight: float = 0.0
+    """α: each slot's label is (1 - α)·the token + α·the target's next-token distribution; 0: hard labels.
+
+    Soft labels are EAGLE's practice: the target's final norm and LM head over its last layer, which
+    ``target_layer_ids`` must tap; 0 gives DFlash's hard labels. Training only: the held-out loss stays the hard
+    labels' cross-entropy.
+    """
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Unknown keys given to :func:`load_drafter_config`; any is refused, naming the known keys (not a config key)."""
 
     def __post_init__(self) -> None:
         if self.extra:

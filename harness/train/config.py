@@ -67,17 +67,28 @@ class OptimConfig:
     """AdamW with a cosine schedule whose warmup and horizon are counted in tokens seen."""
 
     lr: float = 6e-4
+    """Peak learning rate, reached at the end of the warmup."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     beta1: float = 0.9
+    """AdamW's first-moment decay, in [0, 1)."""
     beta2: float = 0.95
+    """AdamW's second-moment decay, in [0, 1)."""
     eps: float = 1e-8
-    warmup_fraction: float = 0.04  # of the run's token horizon
-    min_lr_ratio: float = 0.1  # lr at the end of the cosine, as a fraction of lr
-    grad_clip: float = 1.0  # on the global gradient norm; <= 0 disables clipping
-    # what a step's Σ(w·CE) is divided by: "step" = the global step's Σw (how trainers normalise: a step's blocks
-    # share one unit of weight, so a step of few documents gives each more); "epoch" = one constant per epoch,
-    # the epoch's Σw over its steps (every block weighs the same in every step: the mechanism ablation's arm)
+    """AdamW's denominator floor (> 0)."""
+    warmup_fraction: float = 0.04
+    """Linear warmup, as a fraction of the run's token horizon, in [0, 1)."""
+    min_lr_ratio: float = 0.1
+    """The lr at the end of the cosine, as a fraction of ``lr``."""
+    grad_clip: float = 1.0
+    """Clip on the global gradient norm; <= 0 disables clipping."""
     loss_normaliser: str = "step"
+    """What a step's Σ(w·CE) is divided by: ``step`` (the step's Σw) or ``epoch`` (the epoch's Σw over its steps).
+
+    ``step`` is how trainers normalise: a step's blocks share one unit of weight, so a step of few documents gives
+    each more. ``epoch`` divides by one constant per epoch, so every block weighs the same in every step (the
+    mechanism ablation's arm, ``experiment=ablation_normaliser``).
+    """
 
     def __post_init__(self) -> None:
         if self.loss_normaliser not in LOSS_NORMALISERS:
@@ -100,36 +111,59 @@ class OptimConfig:
 class TrainerConfig:
     """Ranks, device, budget, stop condition and the cadence of eval, checkpoints and statistics."""
 
-    nproc: int = 1  # ranks this job starts (ignored under an external torchrun/SLURM launch)
+    nproc: int = 1
+    """Ranks this job starts (ignored under an external torchrun or SLURM launch)."""
     device: str = "cpu"
-    precision: str = "fp32"  # activations of target and drafter; drafter master weights stay fp32
-    # the drafter's activations alone (autocast), the target's left at ``precision``: a bf16 drafter over fp32
-    # target features (and their cache) as they were. None: ``precision``
+    """Where the ranks compute: ``cpu`` or ``cuda``."""
+    precision: str = "fp32"
+    """Activations of target and drafter: ``fp32`` or ``bf16`` (the drafter's master weights stay fp32)."""
     drafter_precision: Optional[str] = None
-    max_tokens: int = 2048  # micro-batch budget: computed token slots (padded) or row capacity (packed)
+    """The drafter's activations alone (autocast), the target's left at ``precision``; null: ``precision``.
+
+    ``bf16`` gives a bf16 drafter over fp32 target features (and their cache) as they were.
+    """
+    max_tokens: int = 2048
+    """Micro-batch budget: computed token slots (padded layout) or row capacity (packed layout)."""
     max_samples: Optional[int] = None
+    """Cap on the samples of one micro-batch; null: no cap."""
     grad_accum: int = 1
-    # equal-token optimizer steps: every step carries about this many real tokens, its micro-batches (and a
-    # rank's count of them) varying as needed; needs grad_accum=1; the run stops after a step count (stop_tokens
-    # / step_tokens), or at the end of epoch N with stop_epochs=N (whole). None: fixed accumulation
-    # (world_size x grad_accum micro-batches a step)
+    """Micro-batches a rank accumulates per optimizer step (fixed accumulation)."""
     step_tokens: Optional[int] = None
-    oversize: str = "drop"  # samples longer than max_tokens: the plan's policy (counted in the summary)
-    stop_tokens: Optional[int] = 650_000  # real tokens seen; the same for every strategy of a sweep
-    stop_epochs: Optional[float] = None  # alternative stop (set stop_tokens to null); whole: at that epoch's end
+    """Equal-token steps: the real tokens every optimizer step carries; null: fixed accumulation.
+
+    A step's micro-batches (and a rank's count of them) vary as needed; needs ``grad_accum=1``. The run stops
+    after a step count (``stop_tokens / step_tokens``), or at the end of epoch N with ``stop_epochs=N`` (whole).
+    Null: every step is ``world_size x grad_accum`` micro-batches.
+    """
+    oversize: str = "drop"
+    """Samples longer than ``max_tokens``: ``error``, ``truncate`` or ``drop`` (counted in the summary)."""
+    stop_tokens: Optional[int] = 650_000
+    """Stop after this many real tokens seen, the same for every strategy of a sweep; null: use ``stop_epochs``."""
+    stop_epochs: Optional[float] = None
+    """Stop after this many epochs instead (set ``stop_tokens`` to null); a whole number stops at that epoch's end."""
     acf_lags: int = 8
-    threads_per_rank: Optional[int] = None  # torch intra-op threads; None: CPU cores / ranks
+    """Lags of the step-length autocorrelation logged with each epoch's plan metrics."""
+    threads_per_rank: Optional[int] = None
+    """Torch intra-op threads of each rank; null: the CPU cores divided by the ranks."""
     collective_timeout_s: int = 300
-    # continue from run_dir/checkpoints when a checkpoint is there, also with another nproc or grad_accum
-    # (the rest of the checkpoint's epoch is re-planned for the new shape)
+    """Seconds a collective (all-reduce, send, receive) may wait before the job fails."""
     resume: bool = True
+    """Continue from ``run_dir/checkpoints`` when a checkpoint is there, also with another nproc or grad_accum.
+
+    The rest of the checkpoint's epoch is re-planned for the new shape.
+    """
     target_attention_backend: str = "auto"
+    """The target's packed-row attention kernel: ``auto``, ``sdpa``, ``flex`` or ``flash``."""
     gdn_backend: str = "auto"
+    """The target's gated delta rule kernel: ``auto``, ``torch-chunk``, ``torch-recurrent`` or ``fla``."""
     progress: bool = True
-    # where the training steps' target features come from: "online" (the target runs on every micro-batch) or
-    # "cached" (computed once per target and data, read by every run: convergence only, the target's cost left out
-    # of tokens/s; harness.train.feature_cache)
+    """Show progress bars on rank 0."""
     target_features: str = "online"
+    """Where the training steps' target features come from: ``online`` or ``cached``.
+
+    ``online``: the target runs on every micro-batch. ``cached``: computed once per target and data, read by every
+    run (convergence only, the target's cost left out of tokens/s; ``harness.train.feature_cache``).
+    """
 
     def __post_init__(self) -> None:
         _choice("trainer.device", self.device, DEVICES)
@@ -163,22 +197,30 @@ class EvalConfig:
     """The held-out evaluation (:class:`harness.train.loop.evaluator.Evaluator`): how often, and how much real
     speculative decoding."""
 
-    every_tokens: int = 100_000  # real tokens seen between evaluations (and one at the end)
-    # real acceptance at every eval: greedy speculative decoding of this many held-out prompts (0: off)
+    every_tokens: int = 100_000
+    """Real tokens seen between evaluations (and one at the end)."""
     real_prompts: int = 16
+    """Real acceptance at every evaluation: greedy speculative decoding of this many held-out prompts (0: off)."""
     real_new_tokens: int = 16
+    """Tokens generated per prompt in the real-acceptance decoding."""
     real_prompt_tokens: int = 256
-    # every evaluation also writes each held-out sample's and each prompt's numbers to eval_samples.jsonl
+    """A held-out prompt keeps at most its last this many tokens (those next to the completion)."""
     per_sample: bool = True
-    # what is evaluated: "heldout" (the test rows) or "validation" (data.validation_fraction's rows: tuning)
+    """Every evaluation also writes each held-out sample's and each prompt's numbers to ``eval_samples.jsonl``."""
     split: str = "heldout"
-    # real acceptance replayed on the target's greedy continuation of each prompt, computed once per run
-    # (harness.eval.replay: the same accepted lengths, no target forward at later evaluations; for a real target)
+    """What is evaluated: ``heldout`` (the test rows) or ``validation`` (``data.validation_fraction``'s rows)."""
     real_replay: bool = False
-    # where the evaluated rows' target features come from: "online" (the target runs at every evaluation) or
-    # "cached" (computed once for every run of a sweep, as trainer.target_features=cached does for the training
-    # rows: harness.train.feature_cache); the same numbers within rounding, a real target's forward out of each eval
+    """Replay real acceptance on the target's greedy continuation of each prompt, computed once per run.
+
+    ``harness.eval.replay``: the same accepted lengths, no target forward at later evaluations (for a real target).
+    """
     target_features: str = "online"
+    """Where the evaluated rows' target features come from: ``online`` (every evaluation) or ``cached``.
+
+    ``cached`` computes them once for every run of a sweep, as ``trainer.target_features=cached`` does for the
+    training rows (``harness.train.feature_cache``): the same numbers within rounding, a real target's forward out
+    of each evaluation.
+    """
 
     def __post_init__(self) -> None:
         if self.target_features not in ("online", "cached"):
@@ -197,8 +239,10 @@ class EvalConfig:
 class CheckpointConfig:
     """Checkpoints (:class:`harness.train.loop.checkpoint.CheckpointManager`): how often, how many kept."""
 
-    every_steps: int = 100  # optimizer steps (and at the end, and on a stop signal)
+    every_steps: int = 100
+    """Optimizer steps between checkpoints (and one at the end, and on a stop signal)."""
     keep: int = 2
+    """How many of the newest checkpoints are kept."""
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.every_steps", self.every_steps, 1)
@@ -209,8 +253,10 @@ class CheckpointConfig:
 class GradStatsConfig:
     """Gradient diversity and noise scale (:class:`harness.train.loop.grad_stats.GradientStatistics`)."""
 
-    every: int = 4  # optimizer steps between measurements
-    ema: float = 0.9  # smoothing of the estimates across measurements
+    every: int = 4
+    """Optimizer steps between measurements."""
+    ema: float = 0.9
+    """Exponential smoothing of the estimates across measurements, in [0, 1)."""
 
     def __post_init__(self) -> None:
         _at_least("grad_stats.every", self.every, 1)
@@ -222,10 +268,14 @@ class GradStatsConfig:
 class LoaderConfig:
     """A training rank's DataLoader (:class:`harness.train.placement.feature_source.LocalTarget`)."""
 
-    # workers per rank; None: 0 on CPU (the cores are the compute: a worker there costs more in IPC than its
-    # collate saves, see benchmarks/RESULTS.md), 4 on CUDA
     num_workers: Optional[int] = None
+    """DataLoader workers per rank; null: 0 on CPU, 4 on CUDA.
+
+    On CPU the cores are the compute: a worker there costs more in IPC than its collate saves
+    (benchmarks/RESULTS.md).
+    """
     prefetch_factor: int = 4
+    """Micro-batches each worker loads ahead."""
 
     def __post_init__(self) -> None:
         _at_least("loader.num_workers", self.num_workers, 0)
@@ -253,10 +303,15 @@ class LoggerConfig:
     """Where metrics go besides ``metrics.jsonl``/``summary.json`` (always written by rank 0)."""
 
     wandb: bool = True
-    mode: str = "offline"  # offline | online | disabled; the WANDB_MODE environment variable wins
+    """Log to Weights & Biases as well."""
+    mode: str = "offline"
+    """W&B mode: ``offline``, ``online`` or ``disabled``; the ``WANDB_MODE`` environment variable wins."""
     project: str = "batchlab"
+    """W&B project."""
     entity: Optional[str] = None
+    """W&B entity (user or team); null: W&B's default."""
     tags: list[str] = field(default_factory=list)
+    """W&B tags of the run."""
 
     def __post_init__(self) -> None:
         _choice("logger.mode", self.mode, ("offline", "online", "disabled"))
@@ -276,12 +331,17 @@ class TopologyConfig:
     """
 
     name: str = "colocated"
-    target_ranks: int = 1  # disaggregated only
-    drafter_ranks: int = 1  # disaggregated only
-    max_in_flight: int = 2  # micro-batches sent and not yet taken by the drafter, per (target, drafter) link
-    dispatch: str = "dynamic"  # dynamic: a free target rank takes the next micro-batch; round_robin: fixed
-    # a peer silent for this long (no heartbeat in the job's store while this rank waits on it) ends the job
+    """The placement: ``colocated`` or ``disaggregated`` (the group file's name)."""
+    target_ranks: int = 1
+    """Ranks that run the target (disaggregated only)."""
+    drafter_ranks: int = 1
+    """Ranks that train the drafter (disaggregated only)."""
+    max_in_flight: int = 2
+    """Micro-batches sent and not yet taken by the drafter, per (target, drafter) link."""
+    dispatch: str = "dynamic"
+    """``dynamic``: a free target rank takes the next micro-batch; ``round_robin``: a fixed rotation."""
     peer_timeout_s: float = 300.0
+    """A peer silent this long (no heartbeat in the job's store while this rank waits on it) ends the job."""
 
     def __post_init__(self) -> None:
         # ``name`` is checked against the registered placements where a run is prepared
@@ -301,7 +361,37 @@ class TopologyConfig:
         return self.target_ranks + self.drafter_ranks
 
 
+@dataclass
+class StrategyCommonConfig:
+    """The keys every strategy group has besides the strategy's own options."""
+
+    name: str = ""
+    """The strategy's registered name (its file under conf/strategy/)."""
+    balance: bool = False
+    """Place each step's micro-batches on the ranks to even out their cost (``strategies.balance``)."""
+    balance_window_steps: int = 1
+    """With ``balance``: 1 balances inside each step only; w > 1 also regroups every w consecutive full steps."""
+
+
+@dataclass
+class TargetSourceConfig:
+    """The target's key of batchlab's own, beside ``Qwen3_5TextConfig``'s keyword arguments."""
+
+    pretrained: Optional[str] = None
+    """A pretrained target: a local checkpoint, ``bundled`` (shipped) or ``embedded`` (built here); null: random.
+
+    ``embedded`` pretrains the tiny target on the data's training rows once and caches it; ``bundled`` is the one
+    shipped with the package (conf/target/tiny-bundled.yaml).
+    """
+
+
 # ------------------------------------------------------------------ schemas generated from the code
+#: a generated schema field's metadata (read by the config reference, ``harness.cli.config_reference``): the
+#: dataclass whose attribute docstring documents the field, and for an old name, the key it moved to
+DOC_SOURCE = "doc_source"
+MOVED_TO = "moved_to"
+
+
 def _omegaconf_type(hint: Any) -> Any:
     """The hint if OmegaConf can type-check it (primitives, Optional/List of them), else ``Any``."""
     primitives = (int, float, bool, str)
@@ -321,18 +411,22 @@ def _omegaconf_type(hint: Any) -> Any:
 
 def schema_from_dataclass(name: str, cls: type, extra: list[tuple[str, Any, Any]] = (),
                           exclude: tuple[str, ...] = ()) -> type:
-    """A flat dataclass with the same keys and defaults as ``cls`` (for ConfigStore); unknown types -> Any."""
+    """A flat dataclass with the same keys and defaults as ``cls`` (for ConfigStore); unknown types -> Any.
+
+    Each field's metadata names ``cls`` as its :data:`DOC_SOURCE` (where its attribute docstring is).
+    """
     hints = typing.get_type_hints(cls)
     specs = list(extra)
+    metadata = {DOC_SOURCE: cls}
     for f in dataclasses.fields(cls):
         if f.name in exclude or not f.init:
             continue
         if f.default is not dataclasses.MISSING:
-            default = field(default=f.default)
+            default = field(default=f.default, metadata=metadata)
         elif f.default_factory is not dataclasses.MISSING:
-            default = field(default_factory=f.default_factory)
+            default = field(default_factory=f.default_factory, metadata=metadata)
         else:
-            default = field(default=None)
+            default = field(default=None, metadata=metadata)
         specs.append((f.name, _omegaconf_type(hints[f.name]), default))
     return dataclasses.make_dataclass(name, specs)
 
@@ -341,15 +435,13 @@ def strategy_schemas() -> dict[str, type]:
     """One schema per registered strategy: ``name``, its options, and the rank-balancing switch."""
     from strategies import available_strategies, strategy_class
 
-    common = [
-        ("name", str, field(default="")),
-        ("balance", bool, field(default=False)),  # place each step's micro-batches to even out rank cost
-        ("balance_window_steps", int, field(default=1)),
-    ]
+    hints = typing.get_type_hints(StrategyCommonConfig)
+    metadata = {DOC_SOURCE: StrategyCommonConfig}
     schemas = {}
     for strategy in available_strategies():
         cls = strategy_class(strategy)
-        extra = [(n, t, field(default=strategy) if n == "name" else d) for n, t, d in common]
+        extra = [(f.name, hints[f.name], field(default=strategy if f.name == "name" else f.default, metadata=metadata))
+                 for f in dataclasses.fields(StrategyCommonConfig)]
         schemas[strategy] = schema_from_dataclass(f"{cls.__name__}Config", cls, extra=extra)
     return schemas
 
@@ -361,8 +453,10 @@ def target_schema() -> type:
     from harness.models.config import EXTRA_CONFIG_KWARGS
 
     names = [f.name for f in dataclasses.fields(Qwen3_5TextConfig)] + sorted(EXTRA_CONFIG_KWARGS)
-    specs = [("pretrained", Optional[str], field(default=None))]  # a local HF checkpoint directory
-    specs += [(n, Any, field(default=None)) for n in names]
+    hints = typing.get_type_hints(TargetSourceConfig)
+    specs = [(f.name, hints[f.name], field(default=f.default, metadata={DOC_SOURCE: TargetSourceConfig}))
+             for f in dataclasses.fields(TargetSourceConfig)]
+    specs += [(n, Any, field(default=None, metadata={DOC_SOURCE: Qwen3_5TextConfig})) for n in names]
     return dataclasses.make_dataclass("TargetConfig", specs)
 
 
@@ -375,20 +469,35 @@ class RunConfig:
     """One training run: what to train on, how to batch it and how to run it."""
 
     seed: int = 0
-    group: str = "default"  # the W&B group: the sweep or experiment name
-    name: str = "run"  # the run's name, {strategy}-s{seed} by default (conf/train.yaml)
+    """The run's seed: the drafter's initialisation, the strategy's random choices and the anchors drawn."""
+    group: str = "default"
+    """The W&B group: the sweep or experiment name."""
+    name: str = "run"
+    """The run's name, ``{strategy}-s{seed}`` by default (conf/train.yaml)."""
     strategy: Any = None
+    """The batching strategy and its options (one schema per strategy)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The tokenized samples to train on and their split."""
     target: TargetConfig = field(default_factory=TargetConfig)
+    """The frozen target model."""
     drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    """The drafter's shape and training knobs."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimizer and its schedule."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Ranks, device, budget and stop condition."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """The held-out evaluation."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints."""
     grad_stats: GradStatsConfig = field(default_factory=GradStatsConfig)
+    """Gradient diversity and noise scale."""
     loader: LoaderConfig = field(default_factory=LoaderConfig)
+    """A training rank's DataLoader."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Where metrics go besides the run's files."""
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    """Where the target and the drafter run."""
 
     def __post_init__(self) -> None:
         topology = self.topology
@@ -448,16 +557,18 @@ def run_schema() -> type:
     for old, new in MOVED_KEYS.items():
         section, name = new.split(".")
         hint = typing.get_type_hints(hints[section])[name]
-        old_names.append((old.split(".")[1], _omegaconf_type(Optional[hint]), field(default=None)))
+        old_names.append((old.split(".")[1], _omegaconf_type(Optional[hint]), field(default=None,
+                                                                                   metadata={MOVED_TO: new})))
     trainer = schema_from_dataclass("TrainerSchema", TrainerConfig, extra=old_names)
     specs = []
+    metadata = {DOC_SOURCE: RunConfig}
     for name, (f, hint) in sections.items():
         if name == "trainer":
-            specs.append((name, trainer, field(default_factory=trainer)))
+            specs.append((name, trainer, field(default_factory=trainer, metadata=metadata)))
         elif f.default_factory is not dataclasses.MISSING:
-            specs.append((name, hint, field(default_factory=f.default_factory)))
+            specs.append((name, hint, field(default_factory=f.default_factory, metadata=metadata)))
         else:
-            specs.append((name, hint, field(default=f.default)))
+            specs.append((name, hint, field(default=f.default, metadata=metadata)))
     return dataclasses.make_dataclass("RunSchema", specs)
 
 

@@ -15,7 +15,7 @@ FLA_VENV ?= .venv-fla
 FLA_VERSION ?= 0.6.0
 TRITON_VERSION ?= 3.9.0
 
-.PHONY: install bundle demo pilot ablation ablation-normaliser own-lr study-real plan-demo real-data test bench fla-interpret clean
+.PHONY: install bundle demo pilot ablation ablation-normaliser own-lr study-real plan-demo config-reference real-data test bench docs fla-interpret clean
 
 # $(call install_torch,VENV): where nvidia-smi answers, PyPI's default (CUDA) build, checked to see
 # the GPU; elsewhere the CPU build: 1) a torch wheel already on this machine (pip's find-links; its
@@ -68,7 +68,7 @@ demo: $(STAMP)
 	  'hydra.sweeper.params.seed=$${batchlab_seeds:confirmatory,3}'
 	$(VENV)/bin/batchlab-report multirun/strategies --out outputs/report --preregistration conf/preregistration/strategies.yaml \
 	  --throughput-rounds docs/demo/throughput_rounds.csv --mechanism-runs docs/demo/ablation_normaliser_runs.csv
-	@echo "report: $(CURDIR)/outputs/report/report.html (README block: outputs/report/summary.md)"
+	@echo "report: $(CURDIR)/outputs/report/report.html (docs/results/main-job.md's block: outputs/report/summary.md)"
 
 # The pilot that sized the main job (its seeds, never reused): the same runs on the pilot's seeds, then its report,
 # whose verdicts say how many seeds each planned contrast needs (the preregistration's confirmatory seeds and margin
@@ -115,7 +115,7 @@ study-real: $(STAMP)
 	  --title "batchlab: batching strategies compared on SmolLM2-135M-Instruct x ShareGPT" \
 	  --preregistration conf/preregistration/study_real.yaml \
 	  --agreement-with docs/demo/runs.csv --agreement-preregistration conf/preregistration/strategies.yaml
-	@echo "report: $(CURDIR)/outputs/$(STUDY)-report/report.html (README block: outputs/$(STUDY)-report/summary.md)"
+	@echo "report: $(CURDIR)/outputs/$(STUDY)-report/report.html (docs/results/real-model.md's block: outputs/$(STUDY)-report/summary.md)"
 
 # The embedded default's shipped artefact (harness/data/bundled/: the tiny target and its regenerated completions, the
 # same bytes on every machine), rebuilt from its recipe (conf/data/stdlib-regenerated.yaml, target=tiny-pretrained;
@@ -126,6 +126,11 @@ bundle: $(STAMP)
 # Plans only (no training): the strategies on chat-902k's 902K lengths, in seconds.
 plan-demo: $(STAMP)
 	$(VENV)/bin/batchlab-plan --profile chat-902k --max-tokens 16384 --world-size 8 --epochs 2 --report-dir outputs/plan-report
+
+# The config reference (docs/reference/config.md), generated from the schemas' attribute docstrings; a test fails when
+# it is stale or a key of conf/ has no doc.
+config-reference: $(STAMP)
+	$(PY) -m harness.cli.config_reference --write
 
 # pytest-xdist, a module per worker at a time (module fixtures stay on one worker; the analysis sweep and the
 # data cache are built once and shared); 2 workers fit 2 cores (3 measured no faster there)
@@ -139,6 +144,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write
 	$(PY) benchmarks/target_throughput.py --write
 	$(PY) benchmarks/train_throughput.py --write
+
+# The docs site (mkdocs.yml, docs/): built with --strict, so a broken link, a missing page or image or a page left out
+# of the nav fails it; into build/site/ (git-ignored). tests/test_docs_site.py builds it too.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
+	@echo "docs: $(CURDIR)/build/site/index.html"
 
 # fla's kernels on CPU through Triton's interpreter, against the torch references (a few minutes;
 # always the CPU torch build, even on a GPU machine: the check runs on the CPU).

@@ -19,7 +19,7 @@ Per run (:func:`run_metrics`, one row per run, from ``Sweep.steps``; the average
 - ``length_mix_excess`` = mean over epochs of ``plan_length_mix_excess``: how much less a step mixes lengths than
   random steps of the same sizes (0: as mixed as random; the table's and the frontier's diversity figure, exact from
   the plan; ``grad_sample_diversity`` is kept beside it but cannot rank strategies whose micro-batches are
-  length-homogeneous, ``docs/design.md`` §6).
+  length-homogeneous, ``docs/design/metrics.md``).
 - ``final_eval_loss`` / ``final_eval_tau`` = the last held-out evaluation.
 - ``tokens_to_loss`` = tokens seen at the first evaluation whose held-out loss is ≤ the target loss
   (by default the worst final held-out loss of all runs, so that every run reaches it).

@@ -450,7 +450,7 @@ def grad_stats(steps: pd.DataFrame, style: StrategyStyle) -> Figure:
                 _note(ax, "not measured: gradient statistics\nneed grad_accum > 1 or more than one rank")
         several = "run" in measured and len(measured) and measured.groupby("strategy")["run"].nunique().min() > 1
         axes[0].set_title("Sample diversity 1 + B_simple from a step's micro-batches (assumes random splits:\n"
-                          "length-homogeneous micro-batches inflate it, docs/design.md §6) "
+                          "length-homogeneous micro-batches inflate it, docs/design/metrics.md) "
                           + ("(thin: seeds; thick: mean; band: seed range)" if several else "(one seed a strategy)"),
                           fontsize=9)
         axes[1].set_title("Gradient noise scale (ratio of EMAs of unbiased estimates)")

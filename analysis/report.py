@@ -211,7 +211,7 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
         "padding % = 1 − Σ real tokens / Σ computed slots; " + step_mode_note(per_run) + " length-mix excess = "
         "mean over epochs of how much less a step mixes lengths than random steps of the same sizes (KL of its length "
         "histogram to the data's, minus the same for random steps: 0 when steps mix as random ones do; exact from the "
-        "plan, docs/design.md §6); clipped % = share of steps whose gradient norm was clipped (optim.grad_clip).",
+        "plan, docs/design/metrics.md); clipped % = share of steps whose gradient norm was clipped (optim.grad_clip).",
         "lag-1 ACF = the plan's autocorrelation of step mean length at lag 1 (mean over epochs); "
         f"recurrence = {kind}-level composition recurrence between consecutive epochs (1: same batches every epoch).",
         "held-out loss and τ = last evaluation (τ teacher-forced against the data; τ real = tokens per target "
@@ -225,7 +225,7 @@ def table_notes(per_run: pd.DataFrame, table: pd.DataFrame, timing: TimingCheck)
 
 
 def step_mode_note(per_run: pd.DataFrame) -> str:
-    """Which question the sweep's step mode answers (docs/design.md §11)."""
+    """Which question the sweep's step mode answers (docs/design/training-runs.md)."""
     modes = set(per_run["step_mode"].dropna()) if "step_mode" in per_run.columns else set()
     if modes == {"equal-token steps"}:
         return ("every optimizer step carries the same real tokens (trainer.step_tokens), so every strategy takes "

@@ -24,7 +24,7 @@ timing is *disturbed* when
   - its *stall factor*, Σ step time over the time its median rate implies (Σ slots / median rate), is
     above :data:`STALL_MAX` = 1.25 (a few long stalls, which the percentiles do not see).
 
-Calibration (``docs/design.md`` §6 has the numbers): on a quiet machine the CV over seeds stayed ≤ 0.08
+Calibration (``docs/design/statistics.md`` has the numbers): on a quiet machine the CV over seeds stayed ≤ 0.08
 (the test sweep, twice: 0.010–0.068; the README's demo: 0.041–0.084), the step spread ≤ 1.64 and the
 stall factor ≤ 1.05; on loaded machines the CV reached 0.10–1.16, the spread 1.5–47 and the stall factor
 1.5–10.8. When any strategy is disturbed, the report quotes no throughput ratio and runs no real

@@ -5,7 +5,7 @@ It differs from ``Trainer`` only in where batches come from: each rank's micro-b
 sequence (:class:`~batchlab.run_batches.RunBatches`, so epochs of different lengths lose nothing), a collator for the
 layout, and ``batchlab_sampler.json`` in every checkpoint: resuming continues mid-epoch with the same batches, also on
 another number of processes (the ``Trainer`` skips the steps done as placeholders its loader never collates).
-Rationale: docs/design.md §12.
+Rationale: docs/design/other-trainers.md.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``DataLoader(dataset, batch_sampler=StrategyBatchSampler(dataset=dataset, max_tokens=8192, strategy="packed"),
 collate_fn=...)``: every rank plans the whole epoch from the same ``(seed, epoch)`` and yields its own micro-batches,
-so no communication is needed and every sample is visited exactly once per epoch across the ranks. Rationale and the
-strategies: docs/design.md.
+so no communication is needed and every sample is visited exactly once per epoch across the ranks. Rationale:
+docs/design/other-trainers.md; the strategies: docs/concepts/strategies.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ Elsewhere transformers' sdpa and eager paths find the documents from ``position_
 mask over the whole row: a row of ``T`` tokens costs ``T x T`` scores per head and layer, most of them masked, and
 sdpa's masked kernels keep them for the backward. ``"batchlab_varlen"`` is a registered transformers attention
 implementation that runs causal sdpa on each document of a row instead (``cu_seq_lens_q``), and sdpa itself on rows
-without it (padded batches). Rationale: docs/design.md §12 (§8 measured the same rule for batchlab's own models).
+without it (padded batches). Rationale: docs/design/other-trainers.md (docs/design/performance.md measured the same
+rule for batchlab's own models).
 """
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ def main() -> None:
         f"real sorted-like layout) 1 + B reads {stratified['sample_mean']:,.0f} in the length world against a known "
         f"{stratified['truth']:.2f}: the micro-batches' disagreement passes for sample noise and |G|² is estimated near "
         f"0 ({stratified['floored']:.0%} of steps floored). So 1 + B cannot compare strategies that fill micro-batches "
-        "differently; the report's table and frontier use the plan's length-mix excess instead (exact, docs/design.md "
-        "§6), and keep 1 + B in the records and the gradient-statistics figure.\n"
+        "differently; the report's table and frontier use the plan's length-mix excess instead (exact, "
+        "docs/design/metrics.md), and keep 1 + B in the records and the gradient-statistics figure.\n"
     )
     print(section)
     if args.write:

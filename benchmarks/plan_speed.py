@@ -9,7 +9,7 @@ On the ``chat-902k`` profile at ``max_tokens=16384`` and world size 8, in one ru
 2. padding efficiency, lag-1 ACF of the step mean length, composition recurrence (epochs 0 and 1)
    and rank imbalance of each plan and of the sampler's batches — 16 samples per batch, batch
    ``i`` on rank ``i % 8`` (how a distributed data loader deals them), so that 8 consecutive
-   batches make one optimizer step and the ACF is measured per step (docs/design.md §6);
+   batches make one optimizer step and the ACF is measured per step (docs/design/metrics.md);
 3. padding efficiency of ``bucketed`` with dp (budget-aware), dp_upper (the budget-free dp),
    quantile and equal_tokens edges at 4 to 64 buckets (edges computed by ``bucket_edges`` at the
    benchmark's budget and passed explicitly, so every column is the method named), and the time to
@@ -339,11 +339,12 @@ def diversity_goals(
         wins = bucketed["padding_efficiency"] >= grouped["padding_efficiency"] and bucketed["recurrence"] <= grouped["recurrence"]
         grouped_wins = grouped["padding_efficiency"] > bucketed["padding_efficiency"] and grouped["recurrence"] <= bucketed["recurrence"]
         verdict = "PASS" if wins else (
-            "length_grouped better: batchlab-plan notes it" if grouped_wins else "trade-off: see docs/design.md"
+            "length_grouped better: batchlab-plan notes it" if grouped_wins
+            else "trade-off: see docs/design/which-strategy.md"
         )
         goals.append((
             f"{label}: bucketed default pads no more than length_grouped at no higher recurrence "
-            "(else docs/design.md and batchlab-plan say which to prefer); efficiency / recurrence",
+            "(else docs/design/which-strategy.md and batchlab-plan say which to prefer); efficiency / recurrence",
             f"{bucketed['padding_efficiency']:.2%} / {bucketed['recurrence']:.4f} vs "
             f"{grouped['padding_efficiency']:.2%} / {grouped['recurrence']:.4f}",
             verdict,
@@ -463,7 +464,8 @@ def render(rows, sampler, edges, edge_seconds, memory, goals, repeats: int, comm
         f"{sampler['lag1_acf']:+.3f}."
     )
     lines.append("")
-    lines.append("Anchors (docs/design.md §10): sampler 0.70 s, 92.2% efficiency, lag-1 ACF 0.63; random batches 25%.")
+    lines.append("Anchors (docs/design/reference-numbers.md): sampler 0.70 s, 92.2% efficiency, lag-1 ACF 0.63; "
+                 "random batches 25%.")
     lines.append("")
     lines.append("### Bucket edges — padding efficiency of `bucketed`, same data, budget and world size")
     lines.append("")

@@ -1,7 +1,7 @@
 """Target forward throughput: padded batches as sorted and shuffled plans make them, and packed rows.
 
-Draws document lengths from a scaled-down version of the chat-902k lognormal (docs/design.md sections 2 and 10:
-median 600, sigma 1.0, cap 8192; here divided by ``--scale``) until ``--tokens`` real tokens, then
+Draws document lengths from a scaled-down version of the chat-902k lognormal (docs/design/data-flow.md and
+docs/design/reference-numbers.md: median 600, sigma 1.0, cap 8192; here divided by ``--scale``) until ``--tokens`` real tokens, then
 runs the tiny target (``conf/target/tiny.yaml``, random weights) over the same real tokens laid out
 five ways:
 

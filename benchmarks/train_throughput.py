@@ -12,7 +12,8 @@ memory per rank, final held-out loss and τ.
 
 With ``--experiment strategies`` the runs take the main job's settings (its shipped target and data, equal-token
 steps, its ranks) with the target online (the main job reads cached features, which time the drafter alone), and
-write their own section: the source of the README's throughput ratios, each with a 95% t interval over rounds.
+write their own section: the source of the main job's throughput ratios (docs/results/main-job.md), each with a 95%
+t interval over rounds.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ API:
 - ``plan(lengths, budget, strategy="bucketed", seed=0, epoch=0, world_size=1, grad_accum=1,
   oversize="error", balance=None, step_tokens=None, **strategy_options) -> Plan``.
 - ``step_tokens``: None (every step ``world_size * grad_accum`` micro-batches), or the real tokens
-  of every optimizer step (equal-token steps, docs/design.md §2; needs ``grad_accum=1``): the
+  of every optimizer step (equal-token steps, docs/design/data-flow.md; needs ``grad_accum=1``): the
   strategy's micro-batches, in its order, are cut into steps of about that many real tokens
   (``Strategy.token_steps``) and spread round-robin over the ranks; ``Plan.grad_accum`` is then the
   most micro-batches a rank holds in a step, the slots after a rank's real ones are empty padding,
@@ -34,7 +34,7 @@ API:
   ``.plan(lengths, budget, seed, epoch, world_size, grad_accum, oversize, balance, step_tokens)`` (for Hydra);
   ``available_strategies()`` → the registered names, sorted; ``report_order()`` → the same in the
   order reports and sweeps show them; ``register_strategy(cls)`` adds one (a :class:`Strategy`
-  subclass: see its docstring and docs/design.md §3, "Adding a strategy").
+  subclass: see its docstring and docs/design/strategies.md, "Adding a strategy").
 - ``Budget(max_tokens, max_samples=None)``: computed token slots of a micro-batch (``rows x max_len``
   padded, the row capacity packed) and an optional cap on its samples.
 - ``balance``: None or ``RankBalance(cost_model=CostModel(a, b, c, block_size, num_anchors),
@@ -49,7 +49,7 @@ API:
 - ``bucket_edges(lengths, num_buckets, method="dp"|"quantile"|"equal_tokens", budget=None,
   max_recurrence=None)``.
 
-Strategies (docs/design.md §3), all under the same budget:
+Strategies (docs/design/strategies.md), all under the same budget:
 
 - ``sorted``: sort by length (ties by a seeded permutation), greedy fill, shuffle the micro-batch
   order each epoch. Micro-batch composition never changes between epochs.

@@ -12,7 +12,7 @@ needs a whole block inside the sample, ``p <= len - block_size``, and at most ``
 anchors are drawn per sample, so ``blocks(len) = min(num_anchors, max(0, len - block_size + 1))``
 (:func:`drafter_blocks`). Blocks depend on the samples only, not on padding or packing.
 
-Defaults (see ``docs/design.md``, "Cost model"), for a Qwen3.6-27B-sized target (hidden
+Defaults (see ``docs/design/cost-model.md``), for a Qwen3.6-27B-sized target (hidden
 ``d = 5120``, vocabulary ``V = 248320``, about ``P = 27e9`` parameters) and a one-layer drafter
 with SpecForge's anchors (``block_size = 16``, ``num_anchors = 512``), in units of one target
 slot (``a = 1``, a target forward of ``~2 P`` FLOPs per token):

@@ -23,14 +23,14 @@ Methods:
   counts: one row count calls it unpadded and lets the DP spend edges on one-sample buckets. The
   model ignores that the sample which overflows a micro-batch opens the next one (a bias towards
   long first rows) and each bucket's last, partial micro-batch; how close it comes to real plans,
-  and what it gains over ``dp_upper``, is in docs/design.md §4.
+  and what it gains over ``dp_upper``, is in docs/design/bucket-edges.md.
   Samples longer than half the budget get one row each, no padding, so they cost their own length
   in any bucket.
   The DP is exact over a set of candidate edges: every distinct length when there are at most
   ``2 * DP_CANDIDATES_PER_GRID`` of them, otherwise the union of 256 equal-count and 256
   equal-token quantiles plus the ``quantile``, ``equal_tokens`` and ``dp_upper`` edges for the same
   number of buckets. So it is never worse, under its objective, than those three; the grid costs
-  little (a finer one barely lowers the objective: docs/design.md §4) and bounds the O(K * C^2) DP
+  little (a finer one barely lowers the objective: docs/design/bucket-edges.md) and bounds the O(K * C^2) DP
   and its O(C^2) bucket costs (:func:`strategies.kernels.budget_bucket_costs`) by the grid, not by
   the number of distinct lengths; they are paid once per dataset. It may use fewer than
   ``num_buckets`` buckets when more would not lower the cost (e.g. lengths above half the budget).

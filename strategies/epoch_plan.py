@@ -11,7 +11,7 @@ Micro-batches are ordered step-major, then rank, then accumulation micro-step::
 so a step always owns exactly ``world_size * grad_accum`` consecutive micro-batches. A short final
 step is filled with empty micro-batches (they still join the collective ops); nothing is dropped.
 
-A plan of *equal-token steps* (``step_tokens`` set, docs/design.md §2) keeps the same grid: its
+A plan of *equal-token steps* (``step_tokens`` set, docs/design/data-flow.md) keeps the same grid: its
 steps hold different numbers of micro-batches, ``grad_accum`` is the most any rank holds in any
 step, and a rank with fewer has empty *padding* slots after its real micro-batches.
 :meth:`Plan.rank_step_counts` says how many slots of each rank in each step are real; a consumer

@@ -1,4 +1,4 @@
-"""Metrics of a plan (docs/design.md §6), computed from the plan alone — no training, no torch.
+"""Metrics of a plan (docs/design/metrics.md), computed from the plan alone — no training, no torch.
 
 Everything is vectorised over the flat ``Plan`` arrays, so a 902K-sample epoch takes well under a
 second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m``):
@@ -15,7 +15,7 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
   estimator ``r_k = sum_t (x_t - mean)(x_{t+k} - mean) / sum_t (x_t - mean)^2``. NaN when the
   series is constant or shorter than ``k + 1``. ``lag1_acf`` = ``acf[0]``. It shows whether
   consecutive steps have related lengths (an order that walks through sorted lengths, as
-  Hugging Face's length-grouped sampler does; values in docs/design.md §3). Every batchlab
+  Hugging Face's length-grouped sampler does; values in docs/design/strategies.md). Every batchlab
   strategy but ``length_grouped(shuffle_order=False)`` permutes its micro-batch order, so it is
   ~0 for them by construction: it says nothing about how length-homogeneous each step is (see
   ``length_mix_excess``) or whether batches repeat (see ``recurrence``). With few steps its noise
@@ -29,7 +29,7 @@ second. Definitions (``N`` samples, steps ``t``, ranks ``r``, micro-batches ``m`
 - **step_recurrence** = the same with optimizer steps (all ranks and accumulation micro-batches
   of a step together) in place of micro-batches: with a loss normalised over the global step,
   step membership is what reaches the optimizer. Sorted recurs whole per micro-batch but far
-  less per step, because its micro-batch order is shuffled each epoch (docs/design.md §6).
+  less per step, because its micro-batch order is shuffled each epoch (docs/design/metrics.md).
 - **length_mix_kl** = mean over steps of ``KL(p_t || q) = sum_b p_t[b] log(p_t[b] / q[b])``, where
   ``q`` is the histogram of all planned lengths over ``mix_bins`` quantile bins of those lengths
   and ``p_t`` that of step ``t``'s samples. A step's samples are a subset of the dataset, so

@@ -562,8 +562,8 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     assert cal.drafter_gradient_bytes(config) == 4 * sum(p.numel() for p in model.parameters)
     reference = compose_run_config(["experiment=reference_8gpu", "target.num_hidden_layers=4", "logger=none"])
     size = cal.drafter_gradient_bytes(reference)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert f"({size / 1e9:.2f} GB for `reference_8gpu`'s drafter)" in " ".join(readme.split())  # the README's number
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-advise.md").read_text()
+    assert f"({size / 1e9:.2f} GB for `reference_8gpu`'s drafter)" in " ".join(readme.split())  # the docs' number
     args = argparse.Namespace(device="cuda", world_size=8, allreduce_gbps=None)
     left_out, note = advise_cli._gradient_allreduce(reference, args)
     assert left_out(8) == 0.0 and f"({size / 1e9:,.2f} GB of fp32 gradients a step) is not in these numbers" in note
@@ -660,12 +660,13 @@ def test_conversations_are_counted_by_the_tokenizer_and_calibrated_at_its_vocabu
 
 
 def test_every_column_of_the_advice_table_is_explained_in_the_docs():
-    """docs/design.md has a row for each column batchlab-advise prints, naming the prediction's field."""
+    """docs/commands/batchlab-advise.md has a row for each column batchlab-advise prints, naming the prediction's
+    field."""
     import dataclasses
 
     from harness.advise.predict import Prediction
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-advise.md").read_text()
     section = docs[docs.index("**`batchlab-advise`'s tables**"):]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section.splitlines()
             if line.startswith("| ") and line.count("|") == 4}

@@ -190,17 +190,16 @@ def test_samples_in_forked_workers(tmp_path: Path):
 
 
 def test_the_readmes_own_data_example_builds_three_sources_that_load_alike(tmp_path: Path, batchlab_cache, monkeypatch):
-    """README "Your own data": its Python block, run as written, writes the same rows as JSON lines, parquet and
-    save_to_disk; each loads, with the prompt masked, and batchlab-plan reads the parquet file as the README says."""
+    """docs/your-data.md: its Python block, run as written, writes the same rows as JSON lines, parquet and
+    save_to_disk; each loads, with the prompt masked, and batchlab-plan reads the parquet file as the page says."""
     import re
 
     from harness.cli import plan as plan_cli
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Your own data", 1)[1]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "your-data.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S)[1]
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's example, as a user runs it
+    exec(compile(code, "docs/your-data.md", "exec"), {})  # noqa: S102 - the page's example, as a user runs it
     loaded = {name: load_samples(DataConfig(source=str(tmp_path / name), max_documents=None, vocab_size=1024),
                                  progress=False)
               for name in ("my_data.jsonl", "my_data.parquet", "my_data")}

@@ -60,7 +60,8 @@ def dense_reference_logits(drafter, documents, features, anchors):
     Keys are [all context tokens of all documents ; all blocks]; a query of block j sees context
     tokens of its own document strictly before its anchor, and its own block. Independent of the
     per-document attention in the drafter (and of its context fusion), it checks that code against
-    the docs/design.md rule (section 7): context = hidden_norm(fc(tapped layers concatenated on the feature axis)).
+    the docs/design/target-and-drafter.md rule: context = hidden_norm(fc(tapped layers concatenated on the feature
+    axis)).
     """
     batch, states = packed_inputs(documents, features)
     flat = FlatDocuments.from_batch(batch)

@@ -5,7 +5,7 @@ Skipped on machines without CUDA (and, for the fla tests, without flash-linear-a
 Tolerances (max |a - b| / max |b|):
 * torch-chunk on CUDA vs torch-recurrent, fp32: 1e-5 (plain fp32 matmuls, TF32 off by default).
 * fla vs torch-chunk, fp32 inputs: 2e-3. fla's dot products run in TF32, which differs from fp32
-  references by up to ~1.5e-3 (docs/design.md section 7).
+  references by up to ~1.5e-3 (docs/design/target-and-drafter.md).
 * fla vs torch-chunk, bf16 inputs: 2e-2 for outputs and final states (fla keeps the solved UT
   transform and the outputs in bf16; the reference gets the same bf16 inputs upcast to fp32),
   5e-2 for gradients.

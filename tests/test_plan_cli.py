@@ -358,12 +358,12 @@ def test_report_dir_writes_the_figure_and_the_report(capsys, sources, tmp_path):
 
 
 def test_every_column_of_the_plan_table_is_explained_in_the_docs():
-    """docs/design.md §6 has a row for each column batchlab-plan prints, naming the metric behind it."""
+    """docs/commands/batchlab-plan.md has a row for each column batchlab-plan prints, naming the metric behind it."""
     from harness.cli.plan import TABLE_COLUMNS
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-plan.md").read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in docs.splitlines()
             if line.startswith("| ") and line.count("|") == 4}
     for title, key, _ in TABLE_COLUMNS:
-        assert title in rows, f"column {title!r} of batchlab-plan's table is not explained in docs/design.md"
+        assert title in rows, f"column {title!r} of batchlab-plan's table is not explained in its docs page"
         assert rows[title] in (f"`{key}`", "—"), (title, rows[title])

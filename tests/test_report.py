@@ -226,11 +226,11 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
 
 
 def test_the_readme_result_block_is_the_demo_reports_summary(monkeypatch):
-    """Every number of the README's result section is batchlab-report's own output: the block between the markers
+    """Every number of the main job's results page is batchlab-report's own output: the block between the markers
     is summary.md re-rendered from the demo's stored per-run table (docs/demo/runs.csv, `make demo`'s runs.csv)."""
-    readme = (support.REPO / "README.md").read_text()
+    readme = (support.REPO / "docs" / "results" / "main-job.md").read_text()
     start, end = "<!-- summary.md of make demo (docs/demo/runs.csv) -->\n", "<!-- end of summary.md -->"
-    assert start in readme and end in readme, "the README's result block markers are missing"
+    assert start in readme and end in readme, "the results page's block markers are missing"
     block = readme.split(start, 1)[1].split(end, 1)[0]
     from analysis.planned import load_preregistration
 

@@ -132,7 +132,7 @@ def test_equal_tokens_give_equal_step_counts_where_fixed_accumulation_does_not()
         equal = {name: plan(data, budget, name, world_size=world_size, step_tokens=step_tokens).num_steps
                  for name in ALL}
         assert max(equal.values()) <= 1.02 * min(equal.values()), equal
-        # one run of the cut rule over the epoch: within one step of each other (docs/design.md §2)
+        # one run of the cut rule over the epoch: within one step of each other (docs/design/data-flow.md)
         unshaped = [steps for name, steps in equal.items() if name != "bucketed"]
         assert max(unshaped) - min(unshaped) <= 1, equal
         assert abs(equal["shuffle"] - data.sum() / step_tokens) <= 1.5

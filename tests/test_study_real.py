@@ -46,18 +46,17 @@ def test_the_study_command_runs_end_to_end_on_the_real_model_and_data(tmp_path):
 
 
 def test_the_readme_opens_with_the_real_model_studys_summary(monkeypatch):
-    """The README's first result block is `make study-real`'s summary.md, re-rendered here from the study's committed
-    runs (docs/study-real/runs.csv) with what its Makefile line gives the report: the study's planned analysis and
-    the embedded default's main job to compare with. It stands above the demo's block."""
+    """The real-model results page's block is `make study-real`'s summary.md, re-rendered here from the study's
+    committed runs (docs/study-real/runs.csv) with what its Makefile line gives the report: the study's planned
+    analysis and the embedded default's main job to compare with."""
     from analysis.agreement import with_agreement
     from analysis.cli import parser, read_answer, read_reference
     from analysis.planned import load_preregistration, planned_results
     from analysis.summary import read_runs_csv, summary_markdown
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "results" / "real-model.md").read_text()
     start, end = "<!-- summary.md of make study-real (docs/study-real/runs.csv) -->\n", "<!-- end of summary.md -->"
-    assert start in readme, "the README's real-model block marker is missing"
-    assert readme.index(start) < readme.index("<!-- summary.md of make demo"), "the real model's answer comes first"
+    assert start in readme, "the results page's real-model block marker is missing"
     block = readme.split(start, 1)[1].split(end, 1)[0]
     source = "conf/preregistration/study_real.yaml"
     flags = ["--preregistration", source, "--agreement-with", "docs/demo/runs.csv",

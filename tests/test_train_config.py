@@ -232,12 +232,14 @@ def test_a_misspelt_override_says_what_was_meant(argument, expected):
 
 
 def test_every_override_the_docs_use_passes_the_check():
-    """The pre-check never refuses what Hydra accepts: the README's, the Makefile's and the tests' overrides."""
+    """The pre-check never refuses what Hydra accepts: the README's, the docs pages', the Makefile's and the tests'
+    overrides."""
     import re
 
     from harness.cli.overrides import check_overrides
 
-    text = "\n".join((REPO / name).read_text() for name in ("README.md", "Makefile"))
+    pages = [REPO / "README.md", REPO / "Makefile", *sorted((REPO / "docs").rglob("*.md"))]
+    text = "\n".join(path.read_text() for path in pages)
     # (a Makefile's quoted argument and its $$ escape as the shell passes them)
     arguments = [a.strip("`,;'").replace("$$", "$") for line in re.findall(r"batchlab-train (.*)", text)
                  for a in line.split("#")[0].split() if "=" in a and not a.startswith("$")]

@@ -41,7 +41,8 @@ OWN_OPTIONS = {"trainer.max_tokens": "--max-tokens", "trainer.device": "--device
                "trainer.nproc": "--world-size"}
 
 
-#: the prediction table: (title, Prediction field, width); docs/design.md explains each (a test keeps it so)
+#: the prediction table: (title, Prediction field, width); docs/commands/batchlab-advise.md explains each (a test
+#: keeps it so)
 TABLE_COLUMNS = (("strategy", "strategy", 16), ("tokens/s", "tokens_per_second", 11), ("epoch", "epoch_seconds", 10),
                  ("steps", "steps", 7), ("padding", "padding_pct", 9), ("recur.", "recurrence", 8),
                  ("step rec.", "step_recurrence", 10), ("mix exc.", "length_mix_excess", 9),

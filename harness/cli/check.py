@@ -16,14 +16,14 @@ largest over the drafter's parameters); a difference that is not finite (NaN or 
 is written as ``null`` in the JSON, which stays strict JSON. Tolerances (:data:`TOLERANCES`):
 
 * float32: 1e-4 — exact packing differs from separate runs by float32 rounding only, far below it
-  (measured differences: docs/design.md §7);
+  (measured differences: docs/design/target-and-drafter.md);
 * fla vs torch-chunk in float32: 2e-3 — fla's Triton kernels use TF32 dot products, which differ from
-  fp32 references by up to ~1.5e-3 (docs/design.md §7);
+  fp32 references by up to ~1.5e-3 (docs/design/target-and-drafter.md);
 * float32 with ``--tf32`` (CUDA matmuls and convolutions in TF32, 10 bits of mantissa): 2e-3 for
   features, loss and fla, 5e-3 for gradients;
 * bfloat16: 2e-2 for features and loss, 5e-2 for gradients (bf16 keeps 8 bits of mantissa, 3.9e-3
   per rounding; padded and packed runs round at different places, and gradients pass more roundings;
-  measured differences: docs/design.md §7).
+  measured differences: docs/design/target-and-drafter.md).
 
 ``--negative-control`` lets the target's GDN state and short conv leak across the document boundaries
 of the packed row: the check must then fail, which shows it can.

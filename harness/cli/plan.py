@@ -5,7 +5,7 @@ strategy in ``--strategies`` under one budget, and prints one row per strategy: 
 efficiency, micro-batches, steps, lag-1 ACF of the step mean length, composition recurrence
 between consecutive epochs per micro-batch and per optimizer step, length-mix excess over its
 random baseline, rank imbalance, relative step cost, planning time and the exactly-once check
-(definitions: ``docs/design.md`` and ``strategies.metrics``). A strategy whose recurrence exceeds
+(definitions: ``docs/design/metrics.md`` and ``strategies.metrics``). A strategy whose recurrence exceeds
 its bound (bucketed's ``max_recurrence``) gets a one-line warning on stderr, and a note says when
 ``length_grouped`` pads less than ``bucketed`` at no higher recurrence. ``--json`` prints the same
 as a JSON list, one object per strategy; ``--report-dir`` adds a figure and a markdown report
@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "compare padding efficiency, diversity and balance (no training).",
         epilog="Reported per strategy: metrics of epoch 0, except recurrence (mean over consecutive "
         "epoch pairs), plan_seconds (median over epochs, after a warm-up on a few samples) and "
-        "samples_seen_once (all epochs). Every column of the table is explained in docs/design.md, "
-        "section 6 (\"batchlab-plan's table\").",
+        "samples_seen_once (all epochs). Every column of the table is explained in "
+        "docs/commands/batchlab-plan.md.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -357,7 +357,7 @@ def advice(rows: list[dict[str, Any]]) -> list[str]:
                 f"note: length_grouped pads less than bucketed here ({grouped['padding_efficiency']:.1%} vs "
                 f"{bucketed['padding_efficiency']:.1%}) at no higher recurrence ({grouped['recurrence']:.4f} vs "
                 f"{bucketed['recurrence']:.4f}); prefer it unless rank balance matters (rank imbalance "
-                f"{grouped['rank_imbalance']:.3f} vs {bucketed['rank_imbalance']:.3f}; docs/design.md section 9)"
+                f"{grouped['rank_imbalance']:.3f} vs {bucketed['rank_imbalance']:.3f}; docs/design/which-strategy.md)"
             )
     return lines
 

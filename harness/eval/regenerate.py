@@ -2,7 +2,7 @@
 
 SpecForge (``scripts/regenerate_train_data.py``) and vLLM speculators (``response_regeneration``)
 regenerate the responses of the training prompts with the target before training a drafter, so that
-the drafter learns the target's own distribution rather than the dataset's (docs/design.md §11,
+the drafter learns the target's own distribution rather than the dataset's (docs/design/training-runs.md,
 "Target and acceptance"). This does the same for batchlab's samples: every row keeps its prompt (the
 leading ``loss_mask == 0`` tokens) and gets the target's continuation (a conversation: every assistant turn
 in order, each given the regenerated turns before it and the user's turns between them), greedy (``--temperature 0``,

@@ -2,7 +2,7 @@
 
 Teacher-forced τ (training's ``eval_tau``) scores drafts against the dataset's tokens; what a
 speculative decoder gains is measured against the *target's own* continuation, by decoding
-(docs/design.md §11, "Target and acceptance"). One decoding round, for a sequence ``x_0 .. x_t``
+(docs/design/training-runs.md, "Target and acceptance"). One decoding round, for a sequence ``x_0 .. x_t``
 whose newest token ``x_t`` sits at position ``t``:
 
 1. **Draft.** ``x_t`` anchors one drafter block: the block input is ``[x_t, MASK x (B-1)]`` at

@@ -129,7 +129,7 @@ class FlatDocuments(_Movable):
 
 
 def valid_anchor_mask(documents: FlatDocuments, block_size: int) -> torch.Tensor:
-    """``[N]`` bool: the anchor rule of SpecForge (docs/design.md §7) at every flat token.
+    """``[N]`` bool: the anchor rule of SpecForge (docs/design/target-and-drafter.md) at every flat token.
 
     ``p`` may anchor a block when ``loss_mask[p]`` and ``loss_mask[p + 1]`` are set and the whole block
     lies inside its document: ``p <= length - block_size`` (so ``p + 1`` is in the same document).

@@ -10,7 +10,7 @@ query attention: the query head count a multiple of the key/value head count) an
   queries are also allowed to see themselves so that no softmax row is empty (their outputs are
   never read by a real token).
 * Packed rows (``cu_seqlens``): never a dense T x T mask, whose cost grows with the square of the row
-  while per-document attention grows with each document's (docs/design.md §8). The backends:
+  while per-document attention grows with each document's (docs/design/performance.md). The backends:
 
   - ``sdpa`` (CPU default): causal SDPA on each document's slice of the row, one call per document
     (slices are views: nothing is copied or padded).
@@ -109,7 +109,7 @@ def _sdpa_bhld(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float |
     groups = q.shape[2] // k.shape[2]
     if groups > 1:
         # Repeat K/V heads rather than SDPA's enable_gqa: that needs torch >= 2.5 and gains nothing on CPU
-        # (docs/design.md §8).
+        # (docs/design/performance.md).
         k = k.repeat_interleave(groups, dim=2)
         v = v.repeat_interleave(groups, dim=2)
     out = F.scaled_dot_product_attention(
@@ -147,7 +147,7 @@ def _per_document_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docume
 
     A Python loop over documents: each document is a view of the row, so nothing is gathered or
     padded. Gathering documents of similar length into padded sub-batches would save calls but copy
-    about as much as the attention itself computes at these head sizes (docs/design.md §8).
+    about as much as the attention itself computes at these head sizes (docs/design/performance.md).
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:  # expand K/V heads once for the whole row rather than once per document

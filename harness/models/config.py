@@ -3,7 +3,7 @@
 The config object is transformers' own ``Qwen3_5TextConfig`` so that a Hugging Face checkpoint's
 ``config.json`` and this project's YAML files (``conf/target/*.yaml``, keys = config keyword
 arguments) describe the target in the same terms. ``build_target_layer_ids`` is DFlash's rule for
-which target layers feed the drafter (docs/design.md, section 7).
+which target layers feed the drafter (docs/design/target-and-drafter.md).
 """
 
 from __future__ import annotations

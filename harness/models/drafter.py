@@ -1,6 +1,6 @@
 """The DFlash drafter: a few Qwen3 decoder layers that draft a block of tokens from target features.
 
-Architecture (docs/design.md §7, after z-lab's DFlash model code; parameter names follow it so its
+Architecture (docs/design/target-and-drafter.md, after z-lab's DFlash model code; parameter names follow it so its
 checkpoints map one to one):
 
 * **Context.** The outputs of the tapped target layers are concatenated on the feature axis,
@@ -23,7 +23,7 @@ blocks and the same numbers. Three attention paths compute the same thing (``att
 document's blocks with the visibility rule as a mask: no score matrix is kept for the backward, so
 memory stays flat in a document's ``blocks x context``; ``dense`` writes the rule out with einsums
 one document at a time (the reference: its stored scores grow with the largest document's
-``blocks x context``, gigabytes for one 8K-token document with 512 anchors; docs/design.md §8);
+``blocks x context``, gigabytes for one 8K-token document with 512 anchors; docs/design/performance.md);
 ``flex`` (the CUDA default) is one FlexAttention call with a block mask of the visibility rule,
 fused on CUDA.
 

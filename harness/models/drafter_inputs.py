@@ -3,7 +3,7 @@
 Anchors are a function of the sample, never of its neighbours: :func:`document_anchors` draws a
 document's anchors from ``np.random.SeedSequence([seed, epoch, sample_index, ANCHOR_PURPOSE])``, so a
 document gets the same anchors under every batching strategy (padded or packed, whatever its
-neighbours) and any world size. The rule is SpecForge's (docs/design.md §7): an anchor ``p`` needs
+neighbours) and any world size. The rule is SpecForge's (docs/design/target-and-drafter.md): an anchor ``p`` needs
 ``loss_mask[p]``, ``loss_mask[p + 1]`` and a whole block inside its document, ``p <= length - B``
 (:func:`anchor_candidates`).
 

@@ -2,10 +2,10 @@
 
 Every quantity is returned as a numerator and a denominator (:class:`DrafterLoss`) so that a trainer
 can sum them over all micro-batches and ranks of an optimizer step before dividing: the loss of a
-step is ``Σ w·CE / Σ w`` over the *global* step (docs/design.md §6), which keeps the objective independent
+step is ``Σ w·CE / Σ w`` over the *global* step (docs/design/metrics.md), which keeps the objective independent
 of how samples were grouped into micro-batches.
 
-Weights (docs/design.md §6): slot ``k`` (``k = 1 .. B-1``) of a block has
+Weights (docs/design/metrics.md): slot ``k`` (``k = 1 .. B-1``) of a block has
 ``w = keep · [anchor + k < doc_len] · loss_mask[anchor + k] · exp(-(k - 1) / γ)``. Accuracy uses the
 same mask without the decay. τ of a block (teacher-forced acceptance length) is 1 plus the number of
 leading slots whose argmax equals a valid label; its mean is taken over kept blocks.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-# γ of the released DFlash drafters, by block size (docs/design.md §6).
+# γ of the released DFlash drafters, by block size (docs/design/metrics.md).
 DEFAULT_LOSS_DECAY_GAMMA: dict[int, float] = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
@@ -101,7 +101,7 @@ class DrafterLoss:
 
     @property
     def slot_efficiency(self) -> float:
-        """Kept blocks / computed blocks (docs/design.md §6 drafter slot efficiency; NaN without blocks)."""
+        """Kept blocks / computed blocks (docs/design/metrics.md drafter slot efficiency; NaN without blocks)."""
         computed = float(self.blocks_computed)
         return float(self.block_count) / computed if computed else math.nan
 

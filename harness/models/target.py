@@ -360,7 +360,7 @@ class HybridTarget(nn.Module):
         position_embeddings = None
         if "full_attention" in self.config.layer_types[: deepest + 1]:
             # Text positions on all three mRoPE axes, [3, B, L]: the one form every supported transformers
-            # release takes (docs/design.md §7).
+            # release takes (docs/design/target-and-drafter.md).
             position_embeddings = self.model.rotary_emb(hidden, batch.position_ids[None].expand(3, -1, -1))
         outputs: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.model.layers[: deepest + 1]):

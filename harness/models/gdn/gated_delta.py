@@ -11,7 +11,7 @@ One op, :func:`gated_delta_rule`, with the argument names and layout of flash-li
 * ``fla``: ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (Triton, CUDA only).
 
 Math (per value head; the state S is K x V; why per-document resets make packing exact:
-docs/design.md §7)::
+docs/design/target-and-drafter.md)::
 
     q <- l2norm(q) * scale, k <- l2norm(k)      (l2norm only with use_qk_l2norm_in_kernel)
     S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
@@ -273,7 +273,7 @@ def default_chunk_size(key_dim: int) -> int:
     Per chunk the backend pays a C x C triangular solve and C x K products, and the state moves from
     chunk to chunk through K x K and K x V products: a longer chunk makes the solve dearer per token
     and the state updates cheaper, which pays more as K grows (the fastest chunks measured:
-    docs/design.md §8).
+    docs/design/performance.md).
     """
     return min(64, max(16, key_dim // 2))
 

@@ -309,3 +309,24 @@ def summary_sentences(table: pd.DataFrame, tests: list[PairTest], timing: Timing
 def comparison_sentences(tests: list[PairTest], timing: TimingCheck) -> list[str]:
     """The statistics section's sentences: the family, what was not tested, the timing note."""
     return family_sentences(tests) + ([timing.note()] if timing.flagged else [])
+
+
+def measured_evidence(sweep_dirs: list[str]) -> str:
+    """What a finished sweep says: the differences that survive Holm–Bonferroni over every pair and headline
+    metric (the report's own tests), or that none does (``batchlab-advise --sweep``)."""
+    from analysis.load import SweepError, load_sweeps
+    from analysis.stats import compare_pairs, surviving_sentence, timing_check
+
+    try:
+        sweep = load_sweeps(sweep_dirs)
+    except SweepError as error:
+        raise ValueError(f"--sweep: {error}") from None
+    per_run = run_metrics(sweep)
+    tests = compare_pairs(per_run, timing=timing_check(per_run))
+    where = f"Measured in {', '.join(sweep_dirs)} ({len(sweep.runs)} runs, {len(sweep.seeds)} seeds)"
+    survivors = [t for t in tests if t.survives]
+    if survivors:
+        return f"{where}, differences that survive Holm–Bonferroni: " + "; ".join(map(surviving_sentence, survivors)) + "."
+    if any(t.tested for t in tests):
+        return f"{where}: no difference between strategies survives Holm–Bonferroni; convergence does not separate them."
+    return f"{where}: too few paired seeds to test a difference (3 or more are needed)."

@@ -150,7 +150,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def report_dir(root: Path) -> Path:
     """``batchlab-report SWEEP --out ...`` of the tiny sweep, run once (in process)."""
     def build(out: Path) -> None:
-        from analysis.cli import main
+        from harness.cli.report import main
 
         code = main([str(tiny_sweep(root)), "--out", str(out)])
         if code != 0:

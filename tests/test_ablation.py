@@ -21,7 +21,7 @@ from analysis.ablation import (
     has_ablation,
     step_parts,
 )
-from analysis.cli import main
+from harness.cli.report import main
 from analysis.load import EPOCH_NORMALISER, STEP_NORMALISER
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness.advise import advice
 from harness.advise import calibrate as cal
 from harness.advise import link as link_module
 from harness.advise.schedule import LinkCost
@@ -565,14 +566,14 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     readme = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-advise.md").read_text()
     assert f"({size / 1e9:.2f} GB for `reference_8gpu`'s drafter)" in " ".join(readme.split())  # the docs' number
     args = argparse.Namespace(device="cuda", world_size=8, allreduce_gbps=None)
-    left_out, note = advise_cli._gradient_allreduce(reference, args)
+    left_out, note = advice.gradient_allreduce(reference, args)
     assert left_out(8) == 0.0 and f"({size / 1e9:,.2f} GB of fp32 gradients a step) is not in these numbers" in note
     args.allreduce_gbps = 400.0
-    added, note = advise_cli._gradient_allreduce(reference, args)
+    added, note = advice.gradient_allreduce(reference, args)
     assert added(8) == pytest.approx(2 * 7 / 8 * size / 400e9)
     assert f"{1e3 * added(8):,.1f} ms on 8 GPUs (assumed, not measured; at most" in note
     args.device = "cpu"  # measured inside the CPU ranks' step: nothing added, nothing to say
-    assert advise_cli._gradient_allreduce(reference, args)[1] == ""
+    assert advice.gradient_allreduce(reference, args)[1] == ""
 
 
 def test_a_cached_calibration_is_read_where_measuring_it_would_not_fit(tmp_path, capsys, monkeypatch):

@@ -39,7 +39,7 @@ def test_the_cli_adds_the_agreement_after_the_answer_and_refuses_it_without_both
     here = pd.read_csv(demo)
     here.loc[here["strategy"] == "packed", "final_eval_loss"] += 1.0
     here.to_csv(tmp_path / "here.csv", index=False)
-    command = [sys.executable, "-m", "analysis.cli", "--from-runs-csv", str(tmp_path / "here.csv"),
+    command = [sys.executable, "-m", "harness.cli.report", "--from-runs-csv", str(tmp_path / "here.csv"),
                "--preregistration", plan]
     done = subprocess.run([*command, "--agreement-with", demo, "--agreement-preregistration", plan,
                            "--agreement-name", "the main job"], capture_output=True, text=True)

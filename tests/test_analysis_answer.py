@@ -10,7 +10,7 @@ import pytest
 from analysis_support import REPO
 
 from analysis.answer import answer_lines, mechanism_sentences, read_throughput_rounds, throughput_sentence
-from analysis.cli import main
+from harness.cli.report import main
 from analysis.load import EPOCH_NORMALISER, STEP_NORMALISER
 from analysis.planned import Contrast
 

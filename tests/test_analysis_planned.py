@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.cli import main
+from harness.cli.report import main
 from analysis.planned import (
     Contrast,
     Preregistration,

@@ -112,7 +112,7 @@ def test_the_builder_writes_an_artefact_that_verifies_and_loads(tmp_path, batchl
     checkpoint and the regenerated dataset the trainer's own builders made, with a manifest that verifies."""
     import datasets
 
-    from harness.cli import bundle
+    from harness.train.launch import bundle
     from harness.pretrain import target as pretrain_target
     from harness.train.launch import inputs
 

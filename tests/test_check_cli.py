@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from harness.cli import check
+from harness.models import packing_check as check
 from harness.cli.check import main
 from harness.models import compare
 

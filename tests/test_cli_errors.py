@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import cli as report_cli
 from harness.cli import plan as plan_cli
-from harness.eval import regenerate as regenerate_cli
-from harness.pretrain import cli as pretrain_cli
+from harness.cli import pretrain_target as pretrain_cli
+from harness.cli import regenerate as regenerate_cli
+from harness.cli import report as report_cli
 
 COMMANDS = {"pretrain": pretrain_cli.main, "regenerate": regenerate_cli.main, "plan": plan_cli.main,
             "report": report_cli.main}

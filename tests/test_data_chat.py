@@ -413,7 +413,7 @@ def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_tur
     tokenizer's end-of-turn token by default; the system and user turns stay word for word; cached."""
     from transformers import AutoTokenizer
 
-    from harness.eval import regenerate as regenerate_cli
+    from harness.cli import regenerate as regenerate_cli
 
     monkeypatch.setenv("BATCHLAB_CACHE", str(tmp_path / "cache"))
     path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[1:3]}], tmp_path / "chats.jsonl")

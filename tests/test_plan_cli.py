@@ -152,7 +152,7 @@ def test_hf_order_shows_the_step_length_oscillation(capsys, sources):
 
 
 def test_advice_notes_when_length_grouped_pads_less_at_no_higher_recurrence():
-    from harness.cli.plan import advice
+    from harness.plan_comparison import advice
 
     bucketed = {"strategy": "bucketed", "padding_efficiency": 0.95, "recurrence": 0.004, "recurrence_bound": 0.1,
                 "rank_imbalance": 1.02}
@@ -211,9 +211,9 @@ def test_bucket_options_and_oversize_drop(capsys, sources):
 def test_oversize_drop_plans_when_the_first_samples_are_all_too_long(capsys, tmp_path, monkeypatch):
     # the warm-up on the first WARMUP_SAMPLES samples used to fail with "oversize='drop' left no
     # sample" when every one of them was oversize, although the whole dataset plans fine
-    import harness.cli.plan as cli
+    import harness.plan_comparison as comparison
 
-    monkeypatch.setattr(cli, "WARMUP_SAMPLES", 50)
+    monkeypatch.setattr(comparison, "WARMUP_SAMPLES", 50)
     lengths = np.full(400, 100, dtype=np.int64)
     lengths[:50] = 5000
     np.save(tmp_path / "long_first.npy", lengths)
@@ -310,7 +310,8 @@ def test_bad_input_exits_2_with_a_message_not_a_traceback(capsys, sources, tmp_p
 
 
 def test_progress_goes_to_stderr_and_leaves_the_rows_unchanged(capsys, sources):
-    from harness.cli.plan import build_parser, compare_strategies
+    from harness.cli.plan import build_parser
+    from harness.plan_comparison import compare_strategies
 
     args = build_parser().parse_args(["--lengths", sources["npy"], "--max-tokens", str(MAX_TOKENS), "--epochs", "2"])
     lengths = np.load(sources["npy"])

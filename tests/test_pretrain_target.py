@@ -22,7 +22,7 @@ from harness.data.samples import heldout_split, load_samples
 from harness.models.compare import max_relative_difference
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
-from harness.pretrain import cli
+from harness.cli import pretrain_target as cli
 from harness.pretrain import target as pretrain
 from harness.pretrain.target import PretrainConfig, ensure_pretrained_target, pretrained_target
 

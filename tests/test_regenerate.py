@@ -15,7 +15,8 @@ from datasets.table import InMemoryTable
 from harness.data import samples as samples_module
 from harness.data.config import DataConfig
 from harness.data.samples import TokenizedSamples, heldout_split, load_samples
-from harness.eval.regenerate import RegenerateSettings, build_parser, regenerate
+from harness.cli.regenerate import build_parser
+from harness.eval.regenerate import RegenerateSettings, regenerate
 from harness.eval.speculative import greedy_decode
 from harness.models.target import HybridTarget
 

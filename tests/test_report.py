@@ -15,7 +15,7 @@ import pytest
 
 import analysis_support as support
 from process_support import run_process
-from analysis.cli import main
+from harness.cli.report import main
 from analysis.figures import FIGURES
 from analysis.summary import read_runs_csv, summary_markdown
 
@@ -238,13 +238,15 @@ def test_the_readme_result_block_is_the_demo_reports_summary(monkeypatch):
     plan = load_preregistration(support.REPO / source)
     # make demo's report reads the interleaved benchmark's rounds and the mechanism ablation's runs (its Makefile
     # line), through the CLI's own reading of those flags, from the repository root as make runs it
-    from analysis.cli import parser, read_answer
+    from analysis.report_inputs import read_answer
+    from harness.cli.report import parser
 
     flags = ["--throughput-rounds", "docs/demo/throughput_rounds.csv", "--mechanism-runs",
              "docs/demo/ablation_normaliser_runs.csv"]
     assert " ".join(flags) in (support.REPO / "Makefile").read_text()
     monkeypatch.chdir(support.REPO)
-    answer, _ = read_answer(parser().parse_args(flags), plan)
+    args = parser().parse_args(flags)
+    answer, _ = read_answer(plan, args.throughput_rounds, args.mechanism_runs)
     rendered = summary_markdown(read_runs_csv(support.REPO / "docs" / "demo" / "runs.csv"), plan, source, answer)
     assert block.strip() == rendered.strip()
     # the answer in words: a sentence per planned contrast, then the throughput each strategy buys and the mechanism

@@ -120,7 +120,7 @@ def test_the_strategy_sweeps_include_it(plugin):
 
 
 def test_it_trains_and_is_reported_next_to_sorted(plugin, tmp_path, batchlab_cache):
-    from analysis.cli import main as report_main
+    from harness.cli.report import main as report_main
     from analysis.figures import COLOURS, StrategyStyle
     from harness.train.launch.run import run
 

@@ -29,7 +29,7 @@ def test_the_study_command_runs_end_to_end_on_the_real_model_and_data(tmp_path):
     assert done.stdout.count("complete after") == 8
     report = tmp_path / "report"
     made = subprocess.run(
-        [sys.executable, "-m", "analysis.cli", str(sweep), "--out", str(report),
+        [sys.executable, "-m", "harness.cli.report", str(sweep), "--out", str(report),
          "--preregistration", str(REPO / "conf/preregistration/study_real.yaml"),
          "--agreement-with", str(REPO / "docs/demo/runs.csv"),
          "--agreement-preregistration", str(REPO / "conf/preregistration/strategies.yaml")],
@@ -50,9 +50,10 @@ def test_the_readme_opens_with_the_real_model_studys_summary(monkeypatch):
     committed runs (docs/study-real/runs.csv) with what its Makefile line gives the report: the study's planned
     analysis and the embedded default's main job to compare with."""
     from analysis.agreement import with_agreement
-    from analysis.cli import parser, read_answer, read_reference
+    from analysis.report_inputs import read_answer, read_reference
     from analysis.planned import load_preregistration, planned_results
     from analysis.summary import read_runs_csv, summary_markdown
+    from harness.cli.report import parser
 
     readme = (REPO / "docs" / "results" / "real-model.md").read_text()
     start, end = "<!-- summary.md of make study-real (docs/study-real/runs.csv) -->\n", "<!-- end of summary.md -->"
@@ -66,9 +67,9 @@ def test_the_readme_opens_with_the_real_model_studys_summary(monkeypatch):
     monkeypatch.chdir(REPO)
     plan = load_preregistration(source)
     args = parser().parse_args(flags)
-    answer, _ = read_answer(args, plan)
+    answer, _ = read_answer(plan, args.throughput_rounds, args.mechanism_runs)
     runs = read_runs_csv(REPO / "docs" / "study-real" / "runs.csv")
-    opening = with_agreement(answer, planned_results(runs, plan), read_reference(args, plan))
+    opening = with_agreement(answer, planned_results(runs, plan), read_reference(plan, args.agreement_with, args.agreement_preregistration, args.agreement_name))
     assert block.strip() == summary_markdown(runs, plan, source, opening).strip()
     # a sentence per planned contrast on the declared seeds, then where it agrees with the main job
     assert block.startswith("Planned contrasts (pre-registered in") and "on the confirmatory seeds (" in block

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,79 +111,53 @@ def advise(args: argparse.Namespace) -> int:
     import numpy as np
 
     import strategies
-    from harness.advise.calibrate import (
-        CACHE_SUBDIR,
-        available_bytes,
-        calibrate,
-        is_cached,
-        target_bytes,
-    )
-    from harness.advise.predict import (
-        calibration_ranks,
-        predict,
-        recommendation,
-        shared_cores,
-    )
-    from harness.cli.overrides import check_override, group_options
-    from harness.cli.plan import select_strategies
-    from harness.data.config import DataConfig
-    from harness.data.lengths import user_lengths
-    from harness.train.config import compose_run_config, run_config_from_dict
+    from harness.advise import advice
+    from harness.advise.predict import recommendation
+    from harness.plan_comparison import select_strategies
 
-    if args.experiment is not None and args.experiment not in group_options("experiment"):
-        raise ValueError(f"--experiment {args.experiment}: no conf/experiment/{args.experiment}.yaml; choose one of "
-                         f"{', '.join(group_options('experiment'))}")
-    if args.experiment is not None and (args.target is not None or args.drafter is not None):
-        raise ValueError(f"--experiment {args.experiment} sets its own target and drafter; change them with --set "
-                         "(e.g. --set target.num_hidden_layers=4) instead of --target/--drafter")
-    # an experiment's settings, each rank with both stages (the placements are modelled from the calibration)
-    experiment = [f"experiment={args.experiment}", "topology=colocated"] if args.experiment else []
-    target = [] if args.target is None else [f"target={args.target}"]
-    if args.target is not None and args.target not in group_options("target") and Path(args.target).is_dir():
-        target = ["target=tiny", f"target.pretrained={Path(args.target).resolve()}"]  # a checkpoint's own weights
-    drafter, drafter_section = ([] if args.drafter is None else [f"drafter={args.drafter}"]), None
-    if args.drafter is not None and args.drafter not in group_options("drafter") and (
-            Path(args.drafter) / "config.json").is_file():
-        drafter_section, run_target = _run_drafter(Path(args.drafter))  # a run's own drafter (--set wins)
-        chosen = {override.split("=", 1)[0] for override in args.overrides}
-        drafter = ["drafter=tiny", *(f"drafter.{key}={json.dumps(value)}" for key, value in drafter_section.items()
-                                     if f"drafter.{key}" not in chosen)]
-        if args.target is None:  # the drafter's width and vocabulary are its target's: the run's own target
-            if not run_target:
-                raise ValueError(f"--drafter {args.drafter}: the run's config names no target checkpoint "
-                                 "(target.pretrained); give the target it trained against with --target")
-            target = ["target=tiny", f"target.pretrained={run_target}"]
-    for group, option, other in (("target", args.target, args.target is not None and Path(args.target).is_dir()),
-                                 ("drafter", args.drafter, drafter_section is not None)):
-        if option is not None and option not in group_options(group) and not other:
-            raise ValueError(f"--{group} {option}: no conf/{group}/{option}.yaml"
-                             + (" and no checkpoint directory" if group == "target" else
-                                " and no batchlab-train run directory (one holding config.json)")
-                             + f"; choose one of {', '.join(group_options(group))}")
-    if args.allreduce_gbps is not None and (args.device != "cuda" or not args.allreduce_gbps > 0):
-        raise ValueError(f"--allreduce-gbps {args.allreduce_gbps}: " + (
-            "give the GPUs' bus bandwidth in GB/s, above 0" if args.device == "cuda" else
-            "only with --device cuda (CPU ranks are calibrated together, their all-reduce inside the measured step)"))
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is visible here; calibrate on the GPU machine or use cpu")
+    models = advice.model_overrides(args)
+    advice.check_device(args)
     names = select_strategies(args.strategies, strategies.available_strategies())
-    lengths, words = user_lengths(args.lengths if args.lengths is not None else "profile:" + args.profile,
-                                  column=args.column, split=args.split, tokenizer=args.tokenizer,
-                                  bad_rows=args.bad_rows, cache_dir=args.cache_dir and Path(args.cache_dir),
-                                  progress=not args.json and sys.stderr.isatty())
+    lengths, words = advice.read_lengths(args)
     if words:
         print(f"batchlab-advise: {words}", file=sys.stderr)
-    if lengths.size == 0:
-        raise ValueError("the dataset has no samples to plan; give one with at least one non-empty row")
-    over = int((lengths > args.max_tokens).sum())
-    if over == lengths.size:
-        raise ValueError(f"every sample is longer than --max-tokens {args.max_tokens} (the shortest has "
-                         f"{int(lengths.min())} tokens); raise --max-tokens")
-    target_name = args.target or (f"(experiment {args.experiment})" if args.experiment else "tiny")
-    for override in args.overrides:
+    over = advice.oversize(lengths, args.max_tokens)
+    check_sets(args.overrides)
+    config = advice.run_config(args, models)
+    calibration, measured, cache_dir = advice.calibrate_here(config, args, models.target_name)
+    predictions, allreduce_note = advice.predict_strategies(config, args, lengths, names, calibration, cache_dir)
+    paragraph = recommendation(predictions, args.max_recurrence)
+    if args.sweep:
+        from analysis.compare import measured_evidence
+
+        paragraph += " " + measured_evidence(args.sweep)
+    notes = [allreduce_note] if allreduce_note else []
+    if over:
+        notes.append(advice.oversize_note(over, lengths, args.max_tokens))
+    result = {"calibration": {**calibration.to_json(), "measured_now": measured},
+              "predictions": [p.as_dict() for p in predictions], "recommendation": paragraph, "notes": notes,
+              "settings": {k: v for k, v in vars(args).items() if k not in ("json", "verbose")}}
+    if args.report_dir:
+        _write_report(Path(args.report_dir), result, predictions)
+    if args.json:
+        print(json.dumps(result, indent=2, default=float))
+        return 0
+    print_advice(args, calibration, measured, predictions)
+    print(paragraph)
+    for note in notes:
+        print(note)
+    if np.isfinite(calibration.worst_error()) and calibration.worst_error() > 0.25:
+        print(f"note: the calibration fits one shape {100 * calibration.worst_error():.0f}% off: a busy machine? "
+              "--recalibrate on a quiet one", file=sys.stderr)
+    return 0
+
+
+def check_sets(overrides: list[str]) -> None:
+    """``--set KEY=VALUE``: a target., drafter. or trainer. setting that exists and that no option of this command
+    sets."""
+    from harness.cli.overrides import check_override
+
+    for override in overrides:
         key = override.split("=", 1)[0]
         if not key.startswith(("target.", "drafter.", "trainer.")) or "=" not in override:
             raise ValueError(f"--set {override}: give KEY=VALUE with a target., drafter. or trainer. key, e.g. "
@@ -194,71 +167,10 @@ def advise(args: argparse.Namespace) -> int:
         problem = check_override(override)  # batchlab-train's own check: the setting exists, or a did-you-mean
         if problem:
             raise ValueError(f"--set {problem}")
-    from hydra.errors import HydraException
 
-    try:
-        config = compose_run_config([*experiment, *target, *drafter, "trainer.nproc=1",
-                                     f"trainer.max_tokens={args.max_tokens}", f"trainer.device={args.device}",
-                                     f"trainer.precision={args.dtype}", "logger=none", *args.overrides])
-    except HydraException as error:  # a value Hydra cannot parse or type (--set, or a run's drafter)
-        given = " ".join(f"--set {o}" for o in args.overrides) if args.overrides else f"--drafter {args.drafter}"
-        raise ValueError(f"{given}: {' '.join(str(error).split())}") from None
-    if drafter_section is not None:
-        try:
-            run_config_from_dict(config)
-        except ValueError as error:
-            raise ValueError(f"--drafter {args.drafter}: its drafter config does not build with --target "
-                             f"{target_name}: {error}") from None
-    if args.tokenizer is not None:  # a random-weight target calibrated at the data's vocabulary, as a run builds it
-        from harness.train.launch.run import with_tokenizer_vocabulary
 
-        config = with_tokenizer_vocabulary(run_config_from_dict(config),
-                                           {**config, "data": {**config["data"], "tokenizer": args.tokenizer}})
-    # CPU ranks share this machine and are measured together (cores and the gradients' all-reduce shared), each
-    # with its own copy of the target, up to one a core (more ranks than cores are simulated sharing them)
-    local_ranks = calibration_ranks(args.world_size, args.device)
-    cores = shared_cores(args.device)
-    cache_dir = DataConfig(cache_dir=args.cache_dir).resolved_cache_dir()
-    weights, free = target_bytes(config), available_bytes(args.device)
-    if weights * local_ranks > free and (args.recalibrate or not is_cached(config, cache_dir, local_ranks)):
-        copies = "" if local_ranks == 1 else (f" on each of the {local_ranks} CPU ranks that calibrate together "
-                                              f"({local_ranks * weights / 2**30:,.1f} GiB in all)")
-        raise ValueError(f"--target {target_name} needs {weights / 2**30:,.1f} GiB for its weights alone at "
-                         f"{args.dtype}{copies}, "
-                         f"more than the {free / 2**30:,.1f} GiB free on {args.device}; calibrate on a machine that "
-                         "holds it (or a smaller target config: the fit is per configuration)")
-    if args.recalibrate:
-        for path in (cache_dir / CACHE_SUBDIR).glob("*.json*"):  # each calibration and its checksum sidecar
-            path.unlink()
-    calibration, measured = calibrate(config, cache_dir, progress=not args.json, local_ranks=local_ranks)
-    logging.getLogger("strategies.validate").setLevel(logging.ERROR)  # the note below says it once, not per plan
-    allreduce, allreduce_note = _gradient_allreduce(config, args)
-    link = None
-    if args.device == "cpu" and args.world_size > 1:  # a split's link measured by two ranks, its protocol simulated
-        from harness.advise.link import calibrate_link
-        from harness.advise.predict import LinkModel
-
-        link = LinkModel(calibrate_link(config, cache_dir, progress=not args.json)[0], cores=cores)
-    predictions = predict(lengths, names, calibration, world_size=args.world_size, grad_accum=args.grad_accum,
-                          step_tokens=args.step_tokens, seed=args.seed, tokens=args.tokens, allreduce=allreduce,
-                          link=link, cores=cores)
-    paragraph = recommendation(predictions, args.max_recurrence)
-    if args.sweep:
-        paragraph += " " + measured_evidence(args.sweep)
-    notes = [allreduce_note] if allreduce_note else []
-    if over:
-        notes.append(f"{over:,} of {lengths.size:,} samples ({100 * over / lengths.size:.1f}%) are longer than "
-                     f"--max-tokens {args.max_tokens} (the longest {int(lengths.max()):,}): a run drops them "
-                     f"(trainer.oversize=drop, counted) or truncates them (truncate); raise --max-tokens to "
-                     f"{int(lengths.max())} to keep them whole. The predictions leave them out.")
-    result = {"calibration": {**calibration.to_json(), "measured_now": measured},
-              "predictions": [p.as_dict() for p in predictions], "recommendation": paragraph, "notes": notes,
-              "settings": {k: v for k, v in vars(args).items() if k not in ("json", "verbose")}}
-    if args.report_dir:
-        _write_report(Path(args.report_dir), result, predictions)
-    if args.json:
-        print(json.dumps(result, indent=2, default=float))
-        return 0
+def print_advice(args: argparse.Namespace, calibration: Any, measured: bool, predictions: list) -> None:
+    """The calibration in one line, then the prediction table and the placements."""
     vocabulary = "" if calibration.vocab_size is None else f", vocabulary {int(calibration.vocab_size):,}"
     print(f"calibration ({'measured now' if measured else 'cached'}; {calibration.machine['cpu']}, "
           f"{args.device}, {args.dtype}{vocabulary}): a={calibration.a:.3g} s/slot, b={calibration.b:.3g} s/len², "
@@ -273,74 +185,6 @@ def advise(args: argparse.Namespace) -> int:
                f"{p.rank_imbalance:>8.2f}")
         print(row + (f"{_duration(p.seconds_to_budget):>13}" if args.tokens else ""))
     _print_placements(predictions, args.world_size)
-    print(paragraph)
-    for note in notes:
-        print(note)
-    if np.isfinite(calibration.worst_error()) and calibration.worst_error() > 0.25:
-        print(f"note: the calibration fits one shape {100 * calibration.worst_error():.0f}% off: a busy machine? "
-              "--recalibrate on a quiet one", file=sys.stderr)
-    return 0
-
-
-def _gradient_allreduce(config: dict, args: argparse.Namespace) -> tuple[Any, str]:
-    """The drafter's gradient all-reduce a step (:func:`~harness.advise.predict.ring_allreduce_seconds`) and the
-    note that says what was assumed, or that it is left out; nothing to add on CPU (measured) or one rank."""
-    from harness.advise.calibrate import drafter_gradient_bytes
-    from harness.advise.predict import no_allreduce, ring_allreduce_seconds
-
-    if args.device != "cuda" or args.world_size < 2:
-        return no_allreduce, ""
-    gradient_bytes = drafter_gradient_bytes(config)
-    size = f"{gradient_bytes / 1e9:,.2f} GB of fp32 gradients a step"
-    if args.allreduce_gbps is None:
-        return no_allreduce, (f"The step was timed on one GPU: the drafter's gradient all-reduce across "
-                              f"{args.world_size} GPUs ({size}) is not in these numbers; --allreduce-gbps BUSBW "
-                              "(nccl-tests' bus bandwidth of these GPUs) adds it.")
-    allreduce = ring_allreduce_seconds(gradient_bytes, args.allreduce_gbps)
-    return allreduce, (f"Every step includes the drafter's gradient all-reduce ({size}) at {args.allreduce_gbps:g} "
-                       f"GB/s bus bandwidth: {1e3 * allreduce(args.world_size):,.1f} ms on {args.world_size} GPUs "
-                       "(assumed, not measured; at most, since DDP overlaps part of it with the backward).")
-
-
-def measured_evidence(sweep_dirs: list[str]) -> str:
-    """What a finished sweep says: the differences that survive Holm–Bonferroni over every pair and headline
-    metric (the report's own tests), or that none does."""
-    from analysis.compare import run_metrics
-    from analysis.load import SweepError, load_sweeps
-    from analysis.stats import compare_pairs, surviving_sentence, timing_check
-
-    try:
-        sweep = load_sweeps(sweep_dirs)
-    except SweepError as error:
-        raise ValueError(f"--sweep: {error}") from None
-    per_run = run_metrics(sweep)
-    tests = compare_pairs(per_run, timing=timing_check(per_run))
-    where = f"Measured in {', '.join(sweep_dirs)} ({len(sweep.runs)} runs, {len(sweep.seeds)} seeds)"
-    survivors = [t for t in tests if t.survives]
-    if survivors:
-        return f"{where}, differences that survive Holm–Bonferroni: " + "; ".join(map(surviving_sentence, survivors)) + "."
-    if any(t.tested for t in tests):
-        return f"{where}: no difference between strategies survives Holm–Bonferroni; convergence does not separate them."
-    return f"{where}: too few paired seeds to test a difference (3 or more are needed)."
-
-
-def _run_drafter(run_dir: Path) -> tuple[dict, str | None]:
-    """The drafter section of a batchlab-train run's ``config.json`` (the keys this version knows), and the
-    target checkpoint it trained against when that directory exists."""
-    import dataclasses
-
-    from harness.train.config import DrafterSchema
-
-    try:
-        config = json.loads((run_dir / "config.json").read_text())
-        section = config["drafter"]
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"--drafter {run_dir}: its config.json is not a batchlab-train run's config (no drafter "
-                         "section); give the run directory itself, or a conf/drafter/ option") from None
-    known = {f.name for f in dataclasses.fields(DrafterSchema)}
-    pretrained = (config.get("target") or {}).get("pretrained")
-    return ({k: v for k, v in section.items() if k in known},
-            str(pretrained) if pretrained and Path(str(pretrained)).is_dir() else None)
 
 
 def _print_placements(predictions: list, world_size: int) -> None:

@@ -16,13 +16,7 @@ import functools
 import typing
 from collections.abc import Sequence
 
-from harness.train.config import CONF_DIR, MOVED_KEYS, RunSchema
-
-
-@functools.cache
-def group_options(group: str) -> list[str]:
-    """The options of a ``conf/`` group (its yaml files), schemas excluded."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.endswith("_schema"))
+from harness.train.config import CONF_DIR, MOVED_KEYS, RunSchema, group_options
 
 
 @functools.cache

@@ -53,9 +53,11 @@ __all__ = [
     "PREFIX",
     "PretrainConfig",
     "PretrainedTarget",
+    "copy_checkpoint",
     "ensure_pretrained_target",
     "pretrained_target",
     "read_pretrain_meta",
+    "read_target_kwargs",
 ]
 
 # Bump when the training recipe, the checkpoint layout or meta.json change meaning.
@@ -192,6 +194,30 @@ def read_pretrain_meta(path: str | Path) -> dict:
     if meta is None:
         raise FileNotFoundError(f"{path} has no readable meta.json: not a pretrained-target cache entry")
     return meta
+
+
+def read_target_kwargs(path: str | Path, example: str | Path) -> dict:
+    """The target config keys in the YAML at ``path``, less ``vocab_size`` (the data's vocabulary); a missing file or
+    one that is not a mapping raises naming ``example``, a target config to copy."""
+    import yaml
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--target {path}: no such target config; give a YAML of target keys such "
+                                f"as {example}")
+    target_kwargs = yaml.safe_load(Path(path).read_text())
+    if not isinstance(target_kwargs, dict):
+        raise ValueError(f"--target {path}: not a mapping of target config keys; see {example}")
+    target_kwargs.pop("vocab_size", None)  # the data's vocabulary
+    return target_kwargs
+
+
+def copy_checkpoint(path: Path, out: str | Path) -> Path:
+    """A copy of the checkpoint directory ``path`` at ``out`` (replacing what is there); ``out``."""
+    out = Path(out)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(path, out)
+    return out
 
 
 # ----------------------------------------------------------------------------- internals

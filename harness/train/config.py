@@ -33,6 +33,7 @@ place) that travels to the ranks; each rank rebuilds the typed tree with :func:`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -640,6 +641,12 @@ def declared_seeds(kind: str, first: int | None = None) -> str:
 
 #: the Hydra config tree (the repository's conf/, next to the installed-in-place packages)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+@functools.cache
+def group_options(group: str) -> list[str]:
+    """The options of a ``conf/`` group (its yaml files), schemas excluded."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.endswith("_schema"))
 
 
 def compose_run_config(overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -75,37 +74,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pretrain(args: argparse.Namespace) -> int:
-    import yaml
-
     from harness.data.config import DataConfig
-    from harness.pretrain.target import PretrainConfig, pretrained_target
+    from harness.pretrain.target import PretrainConfig, copy_checkpoint, pretrained_target, read_target_kwargs
 
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
     data = DataConfig(max_documents=args.max_documents, vocab_size=args.vocab_size, cache_dir=args.cache_dir)
-    if not Path(args.target).is_file():
-        raise FileNotFoundError(f"--target {args.target}: no such target config; give a YAML of target keys such "
-                                f"as {DEFAULT_TARGET}")
-    target_kwargs = yaml.safe_load(Path(args.target).read_text())
-    if not isinstance(target_kwargs, dict):
-        raise ValueError(f"--target {args.target}: not a mapping of target config keys; see {DEFAULT_TARGET}")
-    target_kwargs.pop("vocab_size", None)  # the data's vocabulary
+    target_kwargs = read_target_kwargs(args.target, DEFAULT_TARGET)
     settings = PretrainConfig(tokens=args.tokens, steps=args.steps, lr=args.lr, max_tokens=args.max_tokens,
                               seed=args.seed, implementation=args.implementation)
     result = pretrained_target(data, target_kwargs, settings, progress=not args.no_progress)
-    path = result.path
-    if args.out:
-        out = Path(args.out)
-        if out.exists():
-            shutil.rmtree(out)
-        shutil.copytree(path, out)
-        path = out
+    path = copy_checkpoint(result.path, args.out) if args.out else result.path
     if args.json:
         print(json.dumps({"path": str(path), "cache_entry": str(result.path), "built": result.built, **result.meta},
                          indent=2, sort_keys=True))
-        return 0
+    else:
+        print_result(result, path)
+    return 0
+
+
+def print_result(result, path: Path) -> None:
+    """Where the checkpoint is, how it was trained, and its held-out loss and perplexity before and after."""
     held = result.meta["heldout"]
     training = result.meta["training"]
     verb = "trained" if result.built else "cached"
@@ -115,15 +106,14 @@ def pretrain(args: argparse.Namespace) -> int:
           f"{result.meta['settings']['implementation']})")
     if held.get("loss") is None:
         print("  no held-out rows (data.heldout_fraction=0): no perplexity")
-    else:
-        print(f"  held-out loss {held['untrained_loss']:.4f} -> {held['loss']:.4f} nats/token "
-              f"(perplexity {held['untrained_perplexity']:.1f} -> {held['perplexity']:.2f}; "
-              f"unigram {held['unigram_loss']:.4f}) on {held['labels']:,} tokens of "
-              f"{result.meta['heldout_rows']} held-out definitions")
-        if held.get("completion_loss") is not None:
-            print(f"  completion tokens only: loss {held['completion_loss']:.4f}, "
-                  f"perplexity {held['completion_perplexity']:.2f}")
-    return 0
+        return
+    print(f"  held-out loss {held['untrained_loss']:.4f} -> {held['loss']:.4f} nats/token "
+          f"(perplexity {held['untrained_perplexity']:.1f} -> {held['perplexity']:.2f}; "
+          f"unigram {held['unigram_loss']:.4f}) on {held['labels']:,} tokens of "
+          f"{result.meta['heldout_rows']} held-out definitions")
+    if held.get("completion_loss") is not None:
+        print(f"  completion tokens only: loss {held['completion_loss']:.4f}, "
+              f"perplexity {held['completion_perplexity']:.2f}")
 
 
 if __name__ == "__main__":  # pragma: no cover

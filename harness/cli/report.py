@@ -30,9 +30,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from harness.command_errors import OneLineParser, add_verbose, full_errors
-
+from analysis import report_inputs
 from analysis.load import SweepError, load_sweeps
+from harness.command_errors import OneLineParser, add_verbose, full_errors
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,47 +77,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_reference(args, plan) -> tuple[list, str, str] | None:
-    """``--agreement-with``'s planned results, name and file (None without it); a ValueError names the fix."""
-    if not args.agreement_with:
-        return None
-    if plan is None or not args.agreement_preregistration:
-        raise ValueError("--agreement-with compares planned verdicts: give --preregistration and "
-                         "--agreement-preregistration too")
-    from analysis.planned import load_preregistration, planned_results
-    from analysis.summary import read_runs_csv
-
-    try:
-        runs, reference_plan = read_runs_csv(args.agreement_with), load_preregistration(args.agreement_preregistration)
-    except OSError as error:
-        raise ValueError(f"cannot read {error.filename} ({error.strerror})") from error
-    return planned_results(runs, reference_plan), args.agreement_name, args.agreement_with
-
-
-def read_answer(args, plan) -> tuple[list[str], dict | None]:
-    """The summary's lines after the verdicts (:mod:`analysis.answer`) from ``--throughput-rounds`` and
-    ``--mechanism-runs``, and the rounds' ratios (the frontier's y-axis; None without rounds); a ValueError names the
-    file and the fix."""
-    from analysis.answer import answer_lines, ratio_table, read_throughput_rounds
-    from analysis.load import order_strategies
-    from analysis.summary import read_runs_csv
-
-    if args.mechanism_runs and plan is None:
-        raise ValueError("--mechanism-runs splits the planned contrasts' gaps: give --preregistration too")
-    throughput = mechanism = None
-    try:
-        if args.throughput_rounds:
-            throughput = (read_throughput_rounds(args.throughput_rounds), args.throughput_rounds)
-        if args.mechanism_runs:
-            mechanism = (read_runs_csv(args.mechanism_runs), args.mechanism_runs)
-    except OSError as error:
-        raise ValueError(f"cannot read {error.filename} ({error.strerror})") from error
-    strategies = order_strategies(list(throughput[0]["strategy"].unique())) if throughput is not None else []
-    lines = answer_lines(list(plan.contrasts) if plan is not None else [], plan.endpoint if plan is not None else "",
-                         strategies, throughput, mechanism)
-    return lines, (ratio_table(throughput[0]) if throughput is not None else None)
-
-
 def fail(message: str) -> int:
     print(f"batchlab-report: error: {message}", file=sys.stderr)
     return 2
@@ -134,37 +93,33 @@ def summary_from_runs_csv(runs_csv: str, out: str | None, plan=None, plan_source
         return fail(f"cannot render a summary from {runs_csv} ({type(error).__name__}: {error}); give the runs.csv "
                     "that batchlab-report wrote")
     if plan is not None:
-        from analysis.agreement import with_agreement
-        from analysis.planned import planned_markdown, planned_results
-
         try:  # the summary opens with the verdicts; the declared plan follows it
-            planned = planned_results(runs, plan)
-            text = summary_markdown(runs, plan, plan_source, with_agreement(answer or (), planned, reference)) + (
-                "\n" + planned_markdown(planned, plan, plan_source))
+            text = report_inputs.planned_summary(runs, plan, plan_source, answer or (), reference)
         except ValueError as error:
             return fail(f"{plan_source}: {error}")
     if out is None:
         sys.stdout.write(text)
     else:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
-        print(f"batchlab-report: wrote {out}")
+        _write(out, text)
     return 0
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text)
+    print(f"batchlab-report: wrote {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    plan = None
-    if args.preregistration:
-        from analysis.planned import load_preregistration
-
-        try:
-            plan = load_preregistration(args.preregistration)
-        except (OSError, ValueError) as error:
-            return fail(f"--preregistration: {error}")
     try:
-        answer, ratios = read_answer(args, plan)
-        reference = read_reference(args, plan)
+        plan = report_inputs.read_preregistration(args.preregistration)
+    except (OSError, ValueError) as error:
+        return fail(f"--preregistration: {error}")
+    try:
+        answer, ratios = report_inputs.read_answer(plan, args.throughput_rounds, args.mechanism_runs)
+        reference = report_inputs.read_reference(plan, args.agreement_with, args.agreement_preregistration,
+                                                 args.agreement_name)
     except (ValueError, KeyError) as error:
         return fail(str(error))
     if args.from_runs_csv:
@@ -174,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
                                      answer, reference)
     if not args.sweep_dirs:
         return fail("no SWEEP_DIR given (or --from-runs-csv RUNS_CSV to re-render a summary)")
+    return report_sweeps(args, plan, answer, ratios, reference)
+
+
+def report_sweeps(args: argparse.Namespace, plan, answer: list[str], ratios, reference) -> int:
+    """The report of ``args.sweep_dirs`` written and said, then the W&B workspace saved when asked for."""
     workspace_path = None
     if args.wandb_workspace:  # check the flag before the (slower) report
-        from analysis.workspace import WorkspaceUnavailable, _library, parse_workspace_path
+        from analysis.workspace import WorkspaceUnavailable
 
         try:
-            workspace_path = parse_workspace_path(args.wandb_workspace)
-            _library()
+            workspace_path = report_inputs.workspace_path(args.wandb_workspace)
         except (ValueError, WorkspaceUnavailable) as error:
             return fail(str(error))
     try:
@@ -200,6 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         if plan is None:
             raise
         return fail(f"{args.preregistration}: {error}")
+    print_report(args, plan, sweep, report)
+    if workspace_path is not None:
+        return save_workspace(args, sweep, workspace_path)
+    return 0
+
+
+def print_report(args: argparse.Namespace, plan, sweep, report) -> None:
+    """What the report found, in a few lines, and where it is (and ``--markdown-summary``'s copy)."""
     if len(sweep.excluded):
         print(f"batchlab-report: {len(sweep.excluded)} run(s) left out (listed in the report): "
               + "; ".join(f"{r.run}: {r.reason}" for r in sweep.excluded.itertuples()))
@@ -211,23 +178,18 @@ def main(argv: list[str] | None = None) -> int:
         for result in report.planned:
             print(f"  {result.sentence(plan.endpoint).replace('**', '')}")
     if args.markdown_summary:
-        Path(args.markdown_summary).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.markdown_summary).write_text(report.summary.read_text())
-        print(f"batchlab-report: wrote {args.markdown_summary}")
+        _write(args.markdown_summary, report.summary.read_text())
     print(f"batchlab-report: wrote {report.html}")
-    if workspace_path is not None:
-        from analysis.workspace import build_workspace, save_workspace
 
-        groups = sorted(str(g) for g in sweep.runs["group"].dropna().unique()) if "group" in sweep.runs else []
-        group = args.wandb_group or (groups[0] if len(groups) == 1 else None)
-        try:
-            workspace = build_workspace(*workspace_path, group=group, strategies=sweep.strategies)
-            url = save_workspace(workspace)
-        except Exception as error:  # noqa: BLE001 - the server's errors vary; the report is written already
-            return fail(f"could not save the W&B workspace in {args.wandb_workspace} ({type(error).__name__}: "
-                        f"{str(error).splitlines()[0] if str(error) else ''}); log in (wandb login / WANDB_API_KEY) "
-                        "and check the entity and project; the report itself is written")
-        print(f"batchlab-report: saved W&B workspace {url}")
+
+def save_workspace(args: argparse.Namespace, sweep, workspace_path: tuple[str, str]) -> int:
+    try:
+        url = report_inputs.save_sweep_workspace(sweep, workspace_path, args.wandb_group)
+    except Exception as error:  # noqa: BLE001 - the server's errors vary; the report is written already
+        return fail(f"could not save the W&B workspace in {args.wandb_workspace} ({type(error).__name__}: "
+                    f"{str(error).splitlines()[0] if str(error) else ''}); log in (wandb login / WANDB_API_KEY) "
+                    "and check the entity and project; the report itself is written")
+    print(f"batchlab-report: saved W&B workspace {url}")
     return 0
 
 

@@ -14,9 +14,11 @@ import yaml
 from harness.cli.report import main
 from analysis.planned import (
     Contrast,
+    PlannedResult,
     Preregistration,
     equivalence_power,
     load_preregistration,
+    planned_markdown,
     planned_results,
 )
 
@@ -170,3 +172,442 @@ def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_
         expected = TTestPower().power(effect_size=abs(effect) / sd, nobs=n, alpha=0.0125, alternative="two-sided")
         assert superiority_power(effect, sd, n, 0.0125) == pytest.approx(expected, rel=1e-9), (effect, sd, n)
     assert superiority_power(-0.178, 0.0358, 5, 0.0125) == pytest.approx(1.0, abs=1e-3)
+
+
+# ------------------------------------------------------------------ the preregistration file, field by field
+KEYS_TEXT = ("['alpha', 'artefact', 'better', 'confirmatory_seeds', 'contrasts', 'endpoint', 'margin_rationale', "
+             "'pilot_seeds', 'seed_budget']")
+MINIMAL = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": [{"a": "x", "b": "y", "kind": "superiority"}]}
+
+
+def plan_file(tmp_path: Path, **fields) -> Path:
+    """A preregistration file of :data:`MINIMAL` with ``fields`` set (a field set to ``...`` is left out)."""
+    declared = {key: value for key, value in {**MINIMAL, **fields}.items() if value is not ...}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(declared, allow_unicode=True))
+    return path
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ValueError) as excinfo:
+        load_preregistration(path)
+    return str(excinfo.value)
+
+
+def test_a_minimal_preregistration_takes_the_defaults(tmp_path):
+    """Only endpoint, better and one superiority contrast: α 0.05, no seeds, no rationale (none needed without an
+    equivalence), no artefact to check, no seed budget."""
+    plan = load_preregistration(plan_file(tmp_path))
+    assert plan == Preregistration("final_eval_loss", "lower", 0.05, (Contrast("x", "y", "superiority"),))
+    assert (plan.margin_rationale, plan.artefact, plan.seed_budget) == ("", "", None)
+
+
+def test_every_field_of_a_full_preregistration_is_read(tmp_path):
+    path = plan_file(tmp_path, better="higher", alpha=0.49, pilot_seeds=[0, 1], confirmatory_seeds=[7, 5],
+                     artefact="abc123", seed_budget=2, margin_rationale="  a quarter\n of the gap ",
+                     contrasts=[{"a": "x", "b": "y", "kind": "superiority"},
+                                {"a": 1, "b": "z", "kind": "equivalence", "margin": 1}])
+    assert load_preregistration(path) == Preregistration(
+        "final_eval_loss", "higher", 0.49,
+        (Contrast("x", "y", "superiority"), Contrast("1", "z", "equivalence", 1.0)), (0, 1), (7, 5),
+        "  a quarter\n of the gap ", "abc123", 2)
+    assert isinstance(load_preregistration(path).alpha, float)
+
+
+def test_a_seed_budget_of_two_holding_two_confirmatory_seeds_is_accepted(tmp_path):
+    plan = load_preregistration(plan_file(tmp_path, seed_budget=2, confirmatory_seeds=[10, 11]))
+    assert (plan.seed_budget, plan.confirmatory_seeds) == (2, (10, 11))
+
+
+def test_a_missing_preregistration_file_is_refused_naming_it(tmp_path):
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(FileNotFoundError) as excinfo:
+        load_preregistration(path)
+    assert str(excinfo.value) == f"preregistration {path} does not exist"
+
+
+def test_a_file_that_is_not_a_mapping_is_refused_listing_the_keys(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("- endpoint\n- better\n")
+    assert refusal(path) == f"{path}: give a mapping with the keys {KEYS_TEXT}"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"endpoints": "x", "extra": 1}, "unknown key(s) ['endpoints', 'extra']; the keys are " + KEYS_TEXT),
+    ({"better": "smaller"}, "better='smaller': give 'lower' or 'higher' (which way the endpoint improves)"),
+    ({"better": ...}, "better=None: give 'lower' or 'higher' (which way the endpoint improves)"),
+    ({"alpha": 0.5}, "alpha=0.5: give a level in (0, 0.5), e.g. 0.05"),
+    ({"alpha": 0}, "alpha=0: give a level in (0, 0.5), e.g. 0.05"),
+    ({"alpha": "0.05"}, "alpha='0.05': give a level in (0, 0.5), e.g. 0.05"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "noninferiority"}]},
+     "contrasts[0].kind='noninferiority': choose one of ['superiority', 'equivalence']"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "superiority"}, {"a": "x", "b": "z", "kind": "equivalence"}],
+      "margin_rationale": "why"},
+     "contrasts[1] (x vs z) is an equivalence test: give its margin (> 0, the endpoint's units) and say why in "
+     "margin_rationale"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "equivalence", "margin": 0}], "margin_rationale": "why"},
+     "contrasts[0] (x vs y) is an equivalence test: give its margin (> 0, the endpoint's units) and say why in "
+     "margin_rationale"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "superiority", "margin": 0.1}]},
+     "contrasts[0] (x vs y) is a superiority test: it has no margin"),
+    ({"contrasts": []}, "no planned contrast; give at least one under contrasts"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "equivalence", "margin": 0.1}]},
+     "an equivalence margin needs its rationale (margin_rationale), committed with it"),
+    ({"contrasts": [{"a": "x", "b": "y", "kind": "equivalence", "margin": 0.1}], "margin_rationale": " \n "},
+     "an equivalence margin needs its rationale (margin_rationale), committed with it"),
+    ({"pilot_seeds": [0, 1, 2, 3], "confirmatory_seeds": [3, 9, 1]},
+     "seeds [1, 3] are both pilot and confirmatory; a pilot's seeds are never reused"),
+    ({"artefact": 123}, "artefact=123: give the data fingerprint the design was declared on "
+                        "(harness/data/bundled/manifest.json's fingerprint), or leave it out"),
+    ({"seed_budget": 1}, "seed_budget=1: give the most confirmatory seeds the budget holds (>= 2)"),
+    ({"seed_budget": "3"}, "seed_budget='3': give the most confirmatory seeds the budget holds (>= 2)"),
+    ({"seed_budget": True}, "seed_budget=True: give the most confirmatory seeds the budget holds (>= 2)"),
+    ({"seed_budget": 2, "confirmatory_seeds": [10, 11, 12]}, "3 confirmatory seeds over the seed_budget of 2"),
+])
+def test_each_refusal_names_the_file_the_field_and_the_fix(tmp_path, fields, message):
+    path = plan_file(tmp_path, **fields)
+    assert refusal(path) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize("item", [{"a": "x", "b": "y"}, {"a": "x", "b": "y", "kind": "superiority", "note": 1},
+                                  ["a", "b", "kind"], "x vs y"])
+def test_a_contrast_of_the_wrong_shape_is_refused_showing_both_shapes(tmp_path, item):
+    path = plan_file(tmp_path, contrasts=[item])
+    message = refusal(path)
+    # the whole text but the join of its two literals (analysis/planned.py prints "superiority}}" there)
+    assert message.startswith(f"{path}: contrasts[0]={item!r}: give {{a: STRATEGY, b: STRATEGY, kind: superiority")
+    assert message.endswith(" or {a, b, kind: equivalence, margin: DELTA}")
+
+
+# ------------------------------------------------------------------ pairing the runs
+def test_paired_values_keeps_the_seeds_both_have_as_float64():
+    from analysis.planned import paired_values
+
+    frame = pd.DataFrame({"strategy": ["a", "a", "a", "b", "b", "c"], "seed": [3, 1, 2, 1, 3, 1],
+                          "final_eval_loss": [30, 10, 20, 11, 33, 99]})
+    seeds, values_a, values_b = paired_values(frame, "final_eval_loss", "a", "b")
+    assert seeds == (1, 3)
+    assert values_a.dtype == np.float64 and values_b.dtype == np.float64
+    assert values_a.tolist() == [10.0, 30.0] and values_b.tolist() == [11.0, 33.0]
+
+
+def test_paired_values_takes_the_first_row_of_a_run_given_twice():
+    from analysis.planned import paired_values
+
+    frame = pd.DataFrame({"strategy": ["a", "a", "a", "b", "b"], "seed": [0, 0, 1, 0, 1],
+                          "final_eval_loss": [1.0, 3.0, 2.0, 5.0, 6.0]})
+    assert paired_values(frame, "final_eval_loss", "a", "b")[1].tolist() == [1.0, 2.0]  # never the mean 2.0
+
+
+def test_a_contrast_of_a_strategy_the_sweep_lacks_is_refused_naming_it():
+    with pytest.raises(ValueError) as excinfo:
+        planned_results(runs({"a": [1.0, 2.0], "b": [1.5, 2.5]}), plan_of(Contrast("a", "c", "superiority")))
+    assert str(excinfo.value) == "planned contrast a vs c: no run of ['c'] in this sweep"
+
+
+def test_one_paired_seed_is_refused_and_two_are_enough():
+    with pytest.raises(ValueError) as excinfo:
+        planned_results(runs({"a": [1.0], "b": [1.5]}), plan_of(Contrast("a", "b", "superiority")))
+    assert str(excinfo.value) == "planned contrast a vs b: 1 paired seed(s); a paired test needs 2 or more"
+    (result,) = planned_results(runs({"a": [1.0, 2.0], "b": [1.5, 2.7]}), plan_of(Contrast("a", "b", "superiority")))
+    assert result.seeds == (0, 1) and result.mean_difference == pytest.approx(-0.6, abs=1e-12)
+
+
+def test_an_endpoint_the_runs_lack_is_refused_listing_twelve_columns():
+    frame = pd.DataFrame({name: [0.0] for name in ["strategy", "seed", *(f"x{k:02d}" for k in range(12))]})
+    with pytest.raises(ValueError) as excinfo:
+        planned_results(frame, plan_of(Contrast("a", "b", "superiority")))
+    assert str(excinfo.value) == ("the preregistered endpoint 'final_eval_loss' is not a column of the runs "
+                                  "(['seed', 'strategy', 'x00', 'x01', 'x02', 'x03', 'x04', 'x05', 'x06', 'x07', "
+                                  "'x08', 'x09'] ...)")
+
+
+# ------------------------------------------------------------------ the declared data (artefact)
+DECLARED = "1e33cfcfa104475e6828e2bc803a311222b433f4d0ce6ddc3c38526d6cfde3f9"
+
+
+def fingerprinted(*fingerprints) -> pd.DataFrame:
+    frame = runs({"a": [1.0, 1.2, 0.9, 1.1], "b": [1.5, 1.6, 1.4, 1.7]})
+    frame["data_fingerprint"] = [fingerprints[k % len(fingerprints)] for k in range(len(frame))]
+    return frame
+
+
+def with_artefact(artefact: str) -> Preregistration:
+    return Preregistration("final_eval_loss", "lower", 0.05, (Contrast("a", "b", "superiority"),), artefact=artefact)
+
+
+def test_runs_on_other_data_than_the_declared_are_refused_naming_both_fingerprints():
+    frame = fingerprinted(DECLARED, "ffffffffffff9999", "0123456789abcdef", None)
+    with pytest.raises(ValueError) as excinfo:
+        planned_results(frame, with_artefact(DECLARED))
+    assert str(excinfo.value) == ("the preregistration was declared on the data 1e33cfcfa104 (artefact), but runs of "
+                                  "this sweep trained on 0123456789ab, ffffffffffff: they are another experiment; "
+                                  "test them without this preregistration, or rerun them on the declared data")
+
+
+def test_the_artefact_is_checked_only_when_declared_and_recorded():
+    (declared,) = planned_results(fingerprinted(DECLARED, None), with_artefact(DECLARED))  # a run without one passes
+    (undeclared,) = planned_results(fingerprinted("ffffffffffff9999"), with_artefact(""))
+    (unrecorded,) = planned_results(fingerprinted(DECLARED).drop(columns="data_fingerprint"), with_artefact(DECLARED))
+    assert declared.seeds == undeclared.seeds == unrecorded.seeds == (0, 1, 2, 3)
+
+
+# ------------------------------------------------------------------ power and the seeds it needs
+def test_superiority_power_is_nan_without_two_pairs_or_a_spread_and_statsmodels_at_two_pairs():
+    from statsmodels.stats.power import TTestPower
+
+    from analysis.planned import superiority_power
+
+    assert math.isnan(superiority_power(0.5, 0.3, 1, 0.05))
+    assert math.isnan(superiority_power(0.5, 0.0, 5, 0.05)) and math.isnan(superiority_power(0.5, -0.1, 5, 0.05))
+    expected = TTestPower().power(effect_size=4.0, nobs=2, alpha=0.05, alternative="two-sided")
+    assert superiority_power(-2.0, 0.5, 2, 0.05) == pytest.approx(expected, rel=1e-9)
+    assert 0.05 < expected < 0.5  # two pairs: far from 0 and 1, so a wrong df or critical value moves it
+
+
+def test_superiority_power_counts_a_far_tail_that_underflows_to_nan_as_zero():
+    """5 s.d. at 5 pairs, α = 0.0125: scipy's P(T < −t_crit) is nan there, the near tail ~1; the power is the near
+    tail alone, never above 1."""
+    from scipy import stats
+
+    from analysis.planned import superiority_power
+
+    critical = stats.t.ppf(1 - 0.0125 / 2, 4)
+    assert math.isnan(stats.nct.cdf(-critical, 4, 5 * math.sqrt(5)))  # the case this guards (scipy's underflow)
+    power = superiority_power(5.0, 1.0, 5, 0.0125)
+    assert power == pytest.approx(float(stats.nct.sf(critical, 4, 5 * math.sqrt(5))), abs=1e-12)
+    assert 0.99 < power <= 1.0
+
+
+def tost_bound_by_simulation(effect: float, sd: float, n: int, alpha: float, margin: float) -> float:
+    """P(low rejects) + P(high rejects) − 1 of TOST's two one-sided t-tests, from 200 000 simulated designs."""
+    from scipy import stats
+
+    draws = np.random.default_rng(49).normal(effect, sd, size=(200_000, n))
+    mean, se = draws.mean(axis=1), draws.std(axis=1, ddof=1) / math.sqrt(n)
+    critical = stats.t.ppf(1 - alpha, n - 1)
+    return float(((mean + margin) / se > critical).mean() + ((mean - margin) / se < -critical).mean() - 1)
+
+
+@pytest.mark.parametrize(("effect", "sd", "n", "alpha", "margin"), [
+    (0.02, 0.1, 4, 0.05, 0.2),  # ~0.80 (df n − 2 gives ~0.59, n + 1 ~0.90)
+    (0.0, 0.1, 3, 0.05, 0.25),  # ~0.70 (df n − 2: ~0.004, n + 1: ~0.94)
+    (0.0, 0.1, 2, 0.05, 0.5),   # ~0.46 at the fewest pairs it sizes
+])
+def test_equivalence_power_matches_a_simulation_of_the_two_one_sided_tests(effect, sd, n, alpha, margin):
+    """Monte-Carlo with a fixed seed: 200 000 designs put the estimate within ±0.003 (1 s.e.) of the bound;
+    0.01 is over 3 s.e."""
+    assert equivalence_power(effect, sd, n, alpha, margin) == pytest.approx(
+        tost_bound_by_simulation(effect, sd, n, alpha, margin), abs=0.01)
+
+
+def test_equivalence_power_is_nan_without_two_pairs_or_a_spread_and_zero_where_the_bound_is_negative():
+    assert math.isnan(equivalence_power(0.0, 0.1, 1, 0.05, 0.2))
+    assert math.isnan(equivalence_power(0.0, 0.0, 5, 0.05, 0.2))
+    assert equivalence_power(0.0, 1.0, 3, 0.05, 0.1) == 0.0  # δ a tenth of the s.d. at 3 pairs: no power
+
+
+def test_seeds_needed_searches_from_start_but_never_below_two_and_stops_at_max_seeds():
+    from analysis.planned import MAX_SEEDS, TARGET_POWER, seeds_needed
+
+    asked = []
+
+    def always(n: int) -> float:
+        asked.append(n)
+        return 1.0
+
+    assert seeds_needed(always, 0) == 2 and asked == [2]
+    assert seeds_needed(always, 2) == 2 and seeds_needed(always, 7) == 7
+    assert seeds_needed(lambda n: TARGET_POWER if n >= 9 else TARGET_POWER - 1e-9, 3) == 9  # reaching it is enough
+    assert MAX_SEEDS == 1000
+    assert seeds_needed(lambda n: float(n >= 1000), 2) == 1000  # the last n it tries
+    assert seeds_needed(lambda n: float(n >= 1001), 2) is None
+    assert seeds_needed(lambda n: 0.0, 999) is None
+
+
+# ------------------------------------------------------------------ verdicts
+SHIFTS = [0.08, 0.1, 0.12, 0.09, 0.11, 0.1]  # mean 0.1, s.d. ~0.014: a difference no test misses
+
+
+def shifted(by: float) -> pd.DataFrame:
+    return runs({"a": [1.0 + by * s / 0.1 for s in SHIFTS], "b": [1.0] * len(SHIFTS)})
+
+
+@pytest.mark.parametrize(("by", "better", "verdict"), [
+    (-0.1, "lower", "better"), (0.1, "lower", "worse"), (-0.1, "higher", "worse"), (0.1, "higher", "better"),
+    (-2.0, "lower", "better"), (2.0, "lower", "worse"),
+])
+def test_a_significant_superiority_reads_better_or_worse_in_the_endpoints_direction(by, better, verdict):
+    plan = Preregistration("final_eval_loss", better, 0.05, (Contrast("a", "b", "superiority"),))
+    (result,) = planned_results(shifted(by), plan)
+    assert result.p_holm < 1e-4 and result.verdict == verdict
+
+
+def test_a_holm_p_exactly_at_alpha_is_not_significant():
+    """α set to the contrast's own p (Holm over one contrast leaves it as is): p < α fails, so no verdict."""
+    contrast = Contrast("a", "b", "superiority")
+    frame = runs({"a": [1.2, 1.3, 1.25, 1.22], "b": [1.0, 1.0, 1.0, 1.0]})
+    (first,) = planned_results(frame, plan_of(contrast))
+    assert first.verdict == "worse"
+    (at_alpha,) = planned_results(frame, plan_of(contrast, alpha=first.p_value))
+    assert at_alpha.p_holm == first.p_value and at_alpha.verdict.startswith("inconclusive — needs ")
+
+    equivalence = Contrast("a", "b", "equivalence", 0.1)
+    frame = runs({"a": [1.0, 1.01, 0.99, 1.02, 0.98], "b": [1.0] * 5})
+    (first,) = planned_results(frame, plan_of(equivalence))
+    assert first.verdict == "equivalent within δ"
+    (at_alpha,) = planned_results(frame, plan_of(equivalence, alpha=first.p_value))
+    assert at_alpha.p_holm == first.p_value and at_alpha.verdict.startswith("inconclusive — needs ")
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_an_interval_ending_exactly_at_the_margin_is_not_wholly_outside_it(sign):
+    """The (1 − 2α) interval does not depend on δ: δ set to its end nearest 0 leaves it touching ±δ, which is
+    inconclusive (not equivalent needs the interval wholly outside)."""
+    frame = runs({"a": [1.0 + sign * d for d in (0.5, 0.6, 0.4, 0.55, 0.45)], "b": [1.0] * 5})
+    (first,) = planned_results(frame, plan_of(Contrast("a", "b", "equivalence", 0.1)))
+    assert first.verdict == "not equivalent"
+    touching = min(abs(first.interval[0]), abs(first.interval[1]))
+    (at_margin,) = planned_results(frame, plan_of(Contrast("a", "b", "equivalence", touching)))
+    assert at_margin.interval == first.interval
+    assert at_margin.verdict.startswith("inconclusive — needs ")
+
+
+def test_an_interval_straddling_minus_the_margin_is_inconclusive():
+    frame = runs({"a": [1.0 - d for d in (0.05, 0.15, 0.0, 0.2, 0.1)], "b": [1.0] * 5})
+    (result,) = planned_results(frame, plan_of(Contrast("a", "b", "equivalence", 0.1)))
+    low, high = result.interval
+    assert low < -0.1 < high < 0.1
+    assert result.verdict.startswith("inconclusive — needs ")
+
+
+def test_an_inconclusive_verdict_names_the_seeds_the_effect_needs():
+    """The seeds for 80% power at the observed effect and spread: statsmodels' solve_power, rounded up."""
+    from statsmodels.stats.power import TTestPower
+
+    frame = runs({"a": [1.1, 0.95, 1.2, 1.0], "b": [1.0] * 4})
+    (result,) = planned_results(frame, plan_of(Contrast("a", "b", "superiority")))
+    effect = abs(result.mean_difference) / result.sd_difference
+    needed = math.ceil(TTestPower().solve_power(effect_size=effect, alpha=0.05, power=0.8))
+    assert 4 < needed < 1000
+    assert result.needs_seeds == needed and result.verdict == f"inconclusive — needs {needed} seeds"
+    assert result.power == pytest.approx(TTestPower().power(effect_size=effect, nobs=4, alpha=0.05), rel=1e-9)
+
+
+def test_an_effect_no_affordable_count_detects_needs_more_than_max_seeds():
+    frame = runs({"a": [1.001, 0.5, 1.5, 1.0, 1.004], "b": [1.0] * 5})  # mean 0.001, s.d. ~0.35
+    (result,) = planned_results(frame, plan_of(Contrast("a", "b", "superiority")))
+    assert result.needs_seeds is None and result.verdict == "inconclusive — needs more than 1000 seeds"
+
+
+def test_a_superiority_result_holds_the_95_percent_interval_and_the_spread_of_the_differences():
+    from scipy import stats
+
+    a, b = [1.1, 0.95, 1.2, 1.0, 1.3], [1.0, 1.05, 0.9, 1.0, 1.1]
+    (result,) = planned_results(runs({"a": a, "b": b}), plan_of(Contrast("a", "b", "superiority"), alpha=0.1))
+    diffs = np.subtract(a, b)
+    assert result.sd_difference == pytest.approx(float(np.std(diffs, ddof=1)), rel=1e-12)
+    assert result.interval_level == 0.95  # whatever α: the superiority interval is 95%
+    assert result.interval == pytest.approx(tuple(stats.ttest_rel(a, b).confidence_interval(0.95)), rel=1e-9)
+    assert result.p_value == pytest.approx(float(stats.ttest_rel(a, b).pvalue), rel=1e-12)
+
+
+# ------------------------------------------------------------------ the results in words and in a table
+SUPERIORITY = PlannedResult(Contrast("p", "q", "superiority"), (0, 1, 2, 3), -0.25, 0.1, (-0.409, -0.091), 0.95,
+                            0.0004, 0.0008, "better", 0.876, 4)
+EQUIVALENCE = PlannedResult(Contrast("a", "b", "equivalence", 0.05), (100, 101, 102), 0.0123, 0.02,
+                            (-0.0041, 0.0287), 0.9, 0.2, 0.4, "inconclusive — needs 12 seeds", 0.314, 12)
+
+
+def test_a_result_sentence_gives_effect_interval_holm_p_verdict_and_power():
+    assert SUPERIORITY.sentence("final_eval_loss") == (
+        "p vs q (superiority): final_eval_loss -0.250 (95% interval -0.409 to -0.091), Holm p = < 0.001: **better**; "
+        "power 0.88 at 4 seeds.")
+    assert EQUIVALENCE.sentence("final_eval_loss") == (
+        "a vs b (equivalence, δ = 0.05): final_eval_loss +0.012 (90% interval -0.004 to +0.029), Holm p = 0.400: "
+        "**inconclusive — needs 12 seeds**; power 0.31 at 3 seeds.")
+    assert EQUIVALENCE.sentence("the loss", " nats") == (
+        "a vs b (equivalence, δ = 0.05 nats): the loss +0.012 nats (90% interval -0.004 to +0.029), Holm p = 0.400: "
+        "**inconclusive — needs 12 seeds**; power 0.31 at 3 seeds.")
+
+
+@pytest.mark.parametrize(("p_holm", "written"), [(0.0004, "< 0.001"), (0.000999, "< 0.001"), (0.001, "0.001"),
+                                                  (0.5, "0.500"), (1.0, "1.000")])
+def test_a_holm_p_under_0_001_is_written_as_a_bound(p_holm, written):
+    from dataclasses import replace
+
+    assert f"Holm p = {written}: **better**" in replace(SUPERIORITY, p_holm=p_holm).sentence("x")
+
+
+def test_planned_markdown_is_the_heading_the_declared_design_a_sentence_each_and_the_margin_rationale():
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (SUPERIORITY.contrast, EQUIVALENCE.contrast),
+                           margin_rationale=" δ = 0.05 nats,\n  a quarter   of the gap.\n")
+    assert planned_markdown([SUPERIORITY, EQUIVALENCE], plan, "plan.yaml") == (
+        "## Planned contrasts (pre-registered: `plan.yaml`)\n"
+        "\n"
+        "Primary endpoint `final_eval_loss` (lower is better), α = 0.05, Holm over the 2 planned contrasts only; "
+        "everything else in this report is exploratory.\n"
+        "\n"
+        f"- {SUPERIORITY.sentence('final_eval_loss')}\n"
+        f"- {EQUIVALENCE.sentence('final_eval_loss')}\n"
+        "\n"
+        "Margin: δ = 0.05 nats, a quarter of the gap.\n")
+    without = Preregistration("final_eval_loss", "higher", 0.1, (SUPERIORITY.contrast,))
+    assert planned_markdown([SUPERIORITY], without, "p.yaml") == (
+        "## Planned contrasts (pre-registered: `p.yaml`)\n\nPrimary endpoint `final_eval_loss` (higher is better), "
+        "α = 0.1, Holm over the 1 planned contrasts only; everything else in this report is exploratory.\n\n"
+        f"- {SUPERIORITY.sentence('final_eval_loss')}\n")
+
+
+def test_verdict_lines_open_with_the_plan_and_the_seeds_then_a_sentence_each():
+    from analysis.planned import verdict_lines
+
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (SUPERIORITY.contrast,), pilot_seeds=(0, 1, 2, 3))
+    assert verdict_lines([SUPERIORITY], plan, "conf/p.yaml") == [
+        "Planned contrasts (pre-registered in `conf/p.yaml`; final_eval_loss, lower is better, Holm over the 1 at "
+        "α = 0.05), on the pilot's seeds (0, 1, 2, 3), not a confirmatory test:",
+        "",
+        f"- {SUPERIORITY.sentence('final_eval_loss')}",
+    ]
+
+
+def test_planned_frame_has_one_row_per_contrast_with_every_column():
+    from analysis.planned import planned_frame
+
+    frame = planned_frame([SUPERIORITY, EQUIVALENCE])
+    assert frame.columns.tolist() == ["contrast", "kind", "margin", "seeds", "mean_difference", "sd_difference",
+                                      "interval_low", "interval_high", "interval_level", "p_value", "p_holm",
+                                      "verdict", "power", "needs_seeds"]
+    assert frame.iloc[1].to_dict() == {
+        "contrast": "a vs b", "kind": "equivalence", "margin": 0.05, "seeds": 3, "mean_difference": 0.0123,
+        "sd_difference": 0.02, "interval_low": -0.0041, "interval_high": 0.0287, "interval_level": 0.9,
+        "p_value": 0.2, "p_holm": 0.4, "verdict": "inconclusive — needs 12 seeds", "power": 0.314, "needs_seeds": 12}
+    first = frame.iloc[0].to_dict()
+    assert math.isnan(first.pop("margin"))  # a superiority has none
+    assert first == {
+        "contrast": "p vs q", "kind": "superiority", "seeds": 4, "mean_difference": -0.25, "sd_difference": 0.1,
+        "interval_low": -0.409, "interval_high": -0.091, "interval_level": 0.95, "p_value": 0.0004, "p_holm": 0.0008,
+        "verdict": "better", "power": 0.876, "needs_seeds": 4}
+
+
+def on_seeds(*seeds: int) -> PlannedResult:
+    from dataclasses import replace
+
+    return replace(SUPERIORITY, seeds=seeds)
+
+
+@pytest.mark.parametrize(("results", "pilot", "confirmatory", "words"), [
+    ([on_seeds(101, 100), on_seeds(100)], (0, 1), (100, 101), "the confirmatory seeds (100, 101)"),
+    ([on_seeds(100)], (0, 1), (100, 101), "1 of the 2 confirmatory seeds (100; the others are not in these runs)"),
+    ([on_seeds(1, 0)], (0, 1, 2), (101, 100),
+     "the pilot's seeds (0, 1), not a confirmatory test; the confirmatory seeds (100, 101) are not in these runs"),
+    ([on_seeds(1, 0)], (0, 1, 2), (), "the pilot's seeds (0, 1), not a confirmatory test"),
+    ([on_seeds(5, 6)], (0, 1), (100,), "seeds 5, 6, neither the plan's pilot nor its confirmatory seeds"),
+    ([on_seeds(5, 6)], (), (), "seeds 5, 6, neither the plan's pilot nor its confirmatory seeds"),
+    ([on_seeds(0, 100)], (0, 1), (100, 101), "seeds 0, 100, neither the plan's pilot nor its confirmatory seeds"),
+])
+def test_seeds_words_say_whether_the_seeds_are_confirmatory_or_the_pilots(results, pilot, confirmatory, words):
+    from analysis.planned import seeds_words
+
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (SUPERIORITY.contrast,), pilot, confirmatory)
+    assert seeds_words(results, plan) == words

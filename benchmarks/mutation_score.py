@@ -1,0 +1,212 @@
+"""Mutation score of the core modules: mutmut mutates them, each against its own unit tests (not part of the suite).
+
+Usage:
+    python benchmarks/mutation_score.py                      # every target; prints survivors
+    python benchmarks/mutation_score.py --only planned       # one target
+    python benchmarks/mutation_score.py --write              # also rewrite its section of RESULTS.md
+
+The project is copied (tracked and untracked, not ignored files) into a work folder, where mutmut's
+configuration is added to the copy's ``pyproject.toml``; the checkout is never touched. Survivors judged
+equivalent (the code means the same after the mutation) are listed in :data:`EQUIVALENT` with the reason;
+the score counts killed mutants against the non-equivalent ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import cpu_model, write_section  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TITLE = "## Mutation score of the core modules (mutmut)"
+GOAL = 0.90
+
+#: target -> (the modules mutated, their own test modules)
+TARGETS: dict[str, tuple[list[str], list[str]]] = {
+    "strategies": (
+        ["strategies/*.py"],
+        ["tests/test_strategies.py", "tests/test_strategies_properties.py", "tests/test_strategies_remainder.py",
+         "tests/test_strategies_step_tokens.py", "tests/test_strategy_claims.py", "tests/test_strategy_plugin.py",
+         "tests/test_edges.py", "tests/test_plan_metrics.py", "tests/test_validate.py"],
+    ),
+    "checkpoint": (
+        ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
+        ["tests/test_integrity.py", "tests/test_train_components.py", "tests/test_checkpoint_state.py"],
+    ),
+    "anchors": (
+        ["harness/models/anchors.py", "harness/models/drafter_inputs.py"],
+        ["tests/test_drafter_inputs.py", "tests/test_epoch_draws.py", "tests/test_drafter.py",
+         "tests/test_drafter_packing.py"],
+    ),
+    "planned": (["analysis/planned.py"], ["tests/test_analysis_planned.py"]),
+}
+#: whole training runs (a subprocess or many steps, 8-21 s each) that call nearly every function above: each surviving
+#: mutant would pay for all of them; the unit tests beside them in the same modules cover the same functions
+NOT_RUN = [
+    "tests/test_integrity.py::test_a_run_never_trains_on_a_damaged_cache_entry",
+    "tests/test_epoch_draws.py::test_a_two_epoch_runs_batches_and_anchors_change_with_the_epoch_and_repeat_on_a_rerun",
+    "tests/test_strategy_plugin.py::test_it_trains_and_is_reported_next_to_sorted",
+]
+#: never mutated: numba compiles these functions, and mutmut's trampolines cannot run inside them
+NOT_MUTATED = ["strategies/kernels.py"]
+#: packages copied whole, so that unmutated modules beside the mutated ones import as usual
+SOURCE_PACKAGES = ["strategies", "harness", "analysis", "batchlab"]
+
+#: surviving mutants whose code means the same as the original: name -> why
+EQUIVALENT: dict[str, str] = {
+    "analysis.planned.x_planned_results__mutmut_100": "multipletests without alpha=: Holm's adjusted p-values "
+    "(pvals * (m..1), running max, clipped at 1) never read alpha; only its reject flags do, and they are unused",
+    "analysis.planned.x_planned_results__mutmut_105": 'method="HOLM": multipletests matches method.lower() against '
+    '["h", "holm"], so the same branch runs',
+    "analysis.planned.x_planned_results__mutmut_128": "mean <= 0 vs mean < 0 differs only at mean == 0.0, where "
+    "ttest_rel's t (np.mean of the same a - b over its s.e.) is 0 or nan: p is 1 or nan, and Holm's p_holm >= p "
+    "is never < alpha for any alpha in (0, 1) (load_preregistration holds it in (0, 0.5)), so the branch never runs",
+    "harness.train.loop.checkpoint.x_checkpoint_paths__mutmut_6": "sorted by the paths themselves (key=None) instead "
+    "of by name: every path is directory / name in one directory, and PurePath orders by its parts, which share the "
+    "directory's and then compare the names as strings, so the order is the same",
+    "harness.train.loop.checkpoint.x_checkpoint_paths__mutmut_8": "sorted(...) without key=: the same order as key=None "
+    "(x_checkpoint_paths__mutmut_6): paths of one directory order by their names",
+    "harness.train.loop.checkpoint.x_check_versions__mutmut_20": "found <= FORMAT_VERSION vs found < FORMAT_VERSION "
+    "differs only at found == FORMAT_VERSION, and this line runs only when found != FORMAT_VERSION (an int: "
+    "isinstance is checked first)",
+    "harness.train.loop.checkpoint.x_check_versions__mutmut_56": "entry.get(\"version\", 0) <= version vs < differs "
+    "only when the two are equal, which the elif excludes unless the entry has no version (default 0) and the "
+    "component's state_version is 0; every Stateful the package saves has version 1 or 2 (versions start at 1)",
+}
+
+
+def copy_project(work: Path) -> None:
+    """The checkout's files as git sees them (tracked, and untracked but not ignored) in ``work``."""
+    if work.exists():
+        shutil.rmtree(work)
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        source = REPO / name
+        if source.is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, work / name)
+
+
+def mutmut_config(targets: list[str], work: Path) -> str:
+    """The ``[tool.mutmut]`` table for the chosen targets."""
+    only = [glob for name in targets for glob in TARGETS[name][0]]
+    tests = [test for name in targets for test in TARGETS[name][1]]
+    top = sorted(p.name for p in work.iterdir() if p.name not in SOURCE_PACKAGES and p.name != "tests")
+
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+    return (
+        "\n[tool.mutmut]\n"
+        f"source_paths = {toml_list(SOURCE_PACKAGES)}\n"
+        f"only_mutate = {toml_list(only)}\n"
+        f"do_not_mutate = {toml_list(NOT_MUTATED)}\n"
+        f"also_copy = {toml_list(top)}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
+        # no xdist in a mutant's run; torch is imported by the tests, so fork from a clean server
+        f'pytest_add_cli_args = {toml_list(["-p", "no:xdist", "-p", "no:cacheprovider", "-q", "-x", *(f"--deselect={t}" for t in NOT_RUN)])}\n'
+        'process_isolation = "forkserver"\n'
+        "use_git_change_detection = false\n"
+    )
+
+
+def mutants_by_status(work: Path) -> dict[str, list[str]]:
+    """``mutmut results --all true`` read into {status: [mutant name]}."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=work, check=True,
+                         capture_output=True, text=True).stdout
+    by_status: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        match = re.match(r"\s+(\S+): (.+)$", line)
+        if match:
+            by_status.setdefault(match.group(2).strip(), []).append(match.group(1))
+    return by_status
+
+
+def diff_of(work: Path, name: str) -> str:
+    """The mutated line(s) of one mutant, from ``mutmut show``."""
+    out = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=work, capture_output=True,
+                         text=True).stdout
+    changed = [line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    return " / ".join(line.strip() for line in changed)
+
+
+def target_of(name: str) -> str:
+    """The target whose modules hold mutant ``name`` (``strategies.builtin.x_plan__mutmut_3`` -> ``strategies``)."""
+    module = re.split(r"\.x(?:ǁ|_)", name, maxsplit=1)[0]
+    path = module.replace(".", "/") + ".py"
+    return next(target for target, (globs, _) in TARGETS.items() if any(fnmatch.fnmatch(path, g) for g in globs))
+
+
+def target_section(target: str, names: dict[str, str], work: Path, command: str) -> str:
+    """One target's section of RESULTS.md: its score, equivalent mutants with reasons, survivors with diffs."""
+    statuses = [status for name, status in names.items()]
+    survivors = sorted(name for name, status in names.items() if status in ("survived", "no tests"))
+    equivalent = [name for name in survivors if name in EQUIVALENT]
+    alive = [name for name in survivors if name not in EQUIVALENT]
+    counted = [s for s in statuses if s not in ("skipped", "not checked")]
+    killed = sum(s in ("killed", "timeout", "caught by type check", "segfault") for s in counted)
+    scored = len(counted) - len(equivalent)
+    score = killed / scored if scored else float("nan")
+    globs, tests = TARGETS[target]
+    lines = [
+        f"{TITLE}: {target}", "",
+        f"{command} Modules mutated: {', '.join(f'`{g}`' for g in globs)}"
+        + (f" (not `{'`, `'.join(NOT_MUTATED)}`: numba compiles it, and mutmut's trampolines cannot run inside)"
+           if target == "strategies" else "")
+        + f"; their tests: {', '.join(f'`{Path(t).name}`' for t in tests)}"
+        + f" (whole training runs deselected: {', '.join(f'`{t.split(chr(58))[-1]}`' for t in NOT_RUN)}).", "",
+        f"**Score: {killed} of {scored} non-equivalent mutants killed, {score:.1%}** (goal ≥ {GOAL:.0%}: "
+        f"{'PASS' if score >= GOAL else 'FAIL'}); {len(equivalent)} equivalent, {len(alive)} surviving "
+        f"({sum(names[n] == 'no tests' for n in alive)} of them in code no selected test calls).", "",
+    ]
+    if equivalent:
+        lines += ["Equivalent mutants (the code means the same):", ""]
+        lines += [f"- `{name}`: {EQUIVALENT[name]}" for name in equivalent] + [""]
+    if alive:
+        lines += ["Surviving mutants:", ""]
+        lines += [f"- `{name}` ({names[name]}): `{diff_of(work, name)}`" for name in alive] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/batchlab-mutation"))
+    parser.add_argument("--max-children", type=int, default=2)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+
+    copy_project(args.work)
+    with open(args.work / "pyproject.toml", "a") as fh:
+        fh.write(mutmut_config(args.only, args.work))
+    began = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
+                         cwd=args.work)
+    minutes = (time.monotonic() - began) / 60
+    if run.returncode not in (0, 1):
+        sys.exit(f"mutmut run failed with exit code {run.returncode}; its work folder: {args.work}")
+    names = {name: status for status, group in mutants_by_status(args.work).items() for name in group}
+    only = f" --only {' '.join(args.only)}" if args.only != sorted(TARGETS) else ""
+    command = (f"Command: `python benchmarks/mutation_score.py{only} --write`; mutmut 3.8.1 (each mutant against the "
+               f"selected tests that call its function), {args.max_children} children, {minutes:.1f} min for "
+               f"{', '.join(args.only)}. Machine: {cpu_model()}, {datetime.date.today().isoformat()}.")
+    for target in args.only:
+        section = target_section(target, {n: s for n, s in names.items() if target_of(n) == target}, args.work,
+                                 command)
+        print(section)
+        if args.write:
+            write_section(section, f"{TITLE}: {target}")
+
+
+if __name__ == "__main__":
+    main()

@@ -138,7 +138,7 @@ TEST_WORKERS ?= 2
 
 # BATCHLAB_REAL_FILES=required: a test that reads the real files fails, instead of skipping, where they are missing.
 test: $(STAMP)
-	BATCHLAB_REAL_FILES=required $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=15
+	BATCHLAB_REAL_FILES=required $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/plan_speed.py --write

@@ -63,14 +63,17 @@ def batchlab_cache(tmp_path_factory):
 
 # ---------------------------------------------------------------- scheduling
 
-#: the modules that take longest on 2 cores (`make test`'s --durations, 2026-12-06), longest first: collected first,
-#: so that pytest-xdist (--dist loadscope hands out modules in collection order) starts them early and the suite
+#: the modules that take longest on 2 cores (`make test`'s --durations on 2026-12-07's machine, summed per module),
+#: longest first: collected first, so that pytest-xdist (`make test` runs --dist loadscope --no-loadscope-reorder:
+#: modules handed out in collection order, not xdist's default of most tests first) starts them early and the suite
 #: does not end on one of them while the other worker idles (longest-processing-time-first scheduling)
 SLOWEST_MODULES = (
-    "test_train_elastic_resume.py", "test_train_launch.py", "test_study_real.py", "test_eval_samples.py",
-    "test_train_disaggregated.py", "test_train_resume.py", "test_train_runs.py", "test_hf_trainer.py", "test_replay.py",
-    "test_advise.py",
-    "test_causal_lm_target.py", "test_epoch_draws.py", "test_integrity.py", "test_fingerprint_fields.py",
+    "test_train_disaggregated.py", "test_train_failures.py", "test_train_launch.py", "test_train_resume.py",
+    "test_study_real.py", "test_train_runs.py", "test_train_elastic_resume.py", "test_train_step.py",
+    "test_hf_trainer.py", "test_advise.py", "test_report.py", "test_gpu_check.py", "test_causal_lm_target.py",
+    "test_advise_schedule.py", "test_replay.py", "test_readme_block.py", "test_drafter_packing.py",
+    "test_collectives.py", "test_pretrain_target.py", "test_analysis_load.py", "test_ablation.py", "test_recipes.py",
+    "test_integrity.py", "test_epoch_draws.py", "test_eval_samples.py", "test_fingerprint_fields.py",
 )
 
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.cli.process_exit import exits_fast
 from harness.cli.data_options import add_tokenizer_options, named_as_flags
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 
@@ -233,4 +234,4 @@ def _write_report(out: Path, result: dict, predictions: list) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exits_fast(main)()

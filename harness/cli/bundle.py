@@ -15,11 +15,11 @@ completions of every prompt; about 4 minutes on 2 cores), copies the checkpoint 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.cli.process_exit import exits_fast
 from harness.command_errors import OneLineParser, one_line_errors
 from harness.data import bundled
 from harness.train.launch.bundle import build_bundle
@@ -57,4 +57,4 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exits_fast(main)()

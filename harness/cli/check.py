@@ -37,6 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from harness.cli.process_exit import exits_fast
 from harness.models.packing_check import DEFAULT_LENGTHS, DTYPES, TOLERANCES, BadInput, CheckSettings, run_check
 
 EXIT_NOT_OK = 1
@@ -120,4 +121,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exits_fast(main)()

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.cli.process_exit import exits_fast
 from harness.cli.data_options import add_tokenizer_options, named_as_flags
 from harness.command_errors import OneLineParser, add_verbose, describe, full_errors
 from harness.plan_comparison import (
@@ -276,4 +277,4 @@ def _write_report(rows: list[dict[str, Any]], args: argparse.Namespace, source: 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exits_fast(main)()

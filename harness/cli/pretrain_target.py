@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from harness.cli.process_exit import exits_fast
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 
 DEFAULT_TARGET = Path(__file__).resolve().parents[2] / "conf" / "target" / "tiny.yaml"
@@ -117,4 +117,4 @@ def print_result(result, path: Path) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    exits_fast(main)()

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.cli.process_exit import exits_fast
 from harness.command_errors import OneLineParser, add_verbose, at_least, one_line_errors
 from harness.data.config import DataConfig
 from harness.eval.regenerate import DECODERS, RegenerateSettings, checked_target, regenerate
@@ -66,4 +67,4 @@ def _regenerate_command(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exits_fast(main)()

@@ -30,6 +30,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from harness.cli.process_exit import exits_fast
 from analysis import report_inputs
 from analysis.load import SweepError, load_sweeps
 from harness.command_errors import OneLineParser, add_verbose, full_errors
@@ -194,4 +195,4 @@ def save_workspace(args: argparse.Namespace, sweep, workspace_path: tuple[str, s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exits_fast(main)()

@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from harness.cli.process_exit import exits_fast
 from harness.train.config import CONF_DIR, register_schemas, resolved_dict
 
 register_schemas()
@@ -152,6 +153,7 @@ def _print_report_command(hydra_config: Any, run_dir: str, summary: dict[str, An
     print(f"  report: batchlab-report {reported}", flush=True)
 
 
+@exits_fast
 def cli() -> None:
     """``batchlab-train``: a misspelt override fails here in one line (exit status 2), before Hydra starts."""
     from harness.cli.overrides import check_overrides

@@ -4,9 +4,8 @@ embedded default's main job, contrast by contrast.
 Both designs declare the same planned contrasts (``conf/preregistration/study_real.yaml`` and ``strategies.yaml``).
 For each contrast the two verdicts (better / worse / no difference found / equivalent / not equivalent /
 inconclusive, :mod:`analysis.planned`) are set side by side with their effects and intervals; they *agree* when the
-verdicts are the same (an inconclusive one whatever seeds it would need), and otherwise the line says which way
-each went. The effects are in each design's own units (nats of its own held-out loss): their sizes are not compared,
-only their verdicts and signs.
+verdicts are the same, and otherwise the line says which way each went. The effects are in each design's own units
+(nats of its own held-out loss): their sizes are not compared, only their verdicts and signs.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ from analysis.planned import PlannedResult
 
 
 def verdict_kind(result: PlannedResult) -> str:
-    """The verdict without its seed count ("inconclusive — needs 9 seeds" is "inconclusive")."""
+    """The verdict without anything after a dash (a stored one may read "inconclusive — needs 9 seeds": the
+    observed-power wording the verdicts no longer carry)."""
     return result.verdict.split(" — ")[0]
 
 

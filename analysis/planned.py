@@ -12,20 +12,23 @@ Holm runs over the planned family only (``statsmodels``' ``multipletests``); eve
 exploratory. Each contrast gets a verdict:
 
 - superiority: Holm-adjusted p < α → *better* or *worse* (A against B, in the endpoint's better direction);
-  otherwise *inconclusive — needs n seeds*;
+  otherwise *inconclusive*;
 - equivalence: Holm-adjusted TOST p < α → *equivalent within δ*; the (1 − 2α) interval of the mean difference
-  wholly outside [−δ, δ] → *not equivalent*; otherwise *inconclusive — needs n seeds*.
+  wholly outside [−δ, δ] → *not equivalent*; otherwise *inconclusive*.
 
-Power is what the design had at the observed effect and spread, at Holm's strictest step (α / m): the paired
-t-test's (``statsmodels``' ``TTestPower``) for superiority; for equivalence, the two one-sided noncentral t
-tests' joint power, bounded below by ``P(low) + P(high) − 1`` (``scipy.stats.nct``). *Needs n* is the smallest
-number of paired seeds whose power reaches :data:`TARGET_POWER` at the same effect and spread.
+Power is the design's, from the pilot, never the confirmatory runs' (power at the observed effect only restates
+their p-value). The preregistration names the pilot's runs (``pilot_runs``, read when it is loaded); each contrast's
+:class:`Design` holds the pilot's paired effect and spread over its seeds, the power at the confirmatory seed count
+at Holm's strictest step (α / m): the paired t-test's (``statsmodels``' ``TTestPower``) for superiority; for
+equivalence, the two one-sided noncentral t tests' joint power, bounded below by ``P(low) + P(high) − 1``
+(``scipy.stats.nct``); and the smallest number of paired seeds whose power reaches :data:`TARGET_POWER` at the
+pilot's effect and spread, with its range over the pilot effect's 95% t interval (the pilot's s.d. held).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +38,8 @@ import pandas as pd
 KINDS = ("superiority", "equivalence")
 TARGET_POWER = 0.8
 MAX_SEEDS = 1000  # where the search for "needs n" stops (an effect that small is no difference to plan for)
-KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "confirmatory_seeds", "contrasts", "margin_rationale",
-        "artefact", "seed_budget"}
+KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "pilot_runs", "confirmatory_seeds", "contrasts",
+        "margin_rationale", "artefact", "seed_budget"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ class Preregistration:
     """The data fingerprint the design was declared on (the shipped embedded default's); empty: not checked."""
     seed_budget: int | None = None
     """The most confirmatory seeds the run budget holds (the count is capped there)."""
+    pilot_runs: str = ""
+    """The pilot's ``runs.csv`` as the file names it (relative to the repository root); empty: no pilot declared."""
+    pilot_differences: tuple[tuple[float, ...], ...] = field(default=(), metadata={"read_from": "pilot_runs"})
+    """Per contrast (in ``contrasts``' order), the pilot's A − B on the endpoint at each pilot seed (sorted), read from
+    ``pilot_runs`` (no key of the file); empty without it."""
 
 
 def load_preregistration(path: str | Path) -> Preregistration:
@@ -133,13 +141,101 @@ def load_preregistration(path: str | Path) -> Preregistration:
         raise ValueError(f"{path}: seed_budget={budget!r}: give the most confirmatory seeds the budget holds (>= 2)")
     if budget is not None and len(confirmatory) > budget:
         raise ValueError(f"{path}: {len(confirmatory)} confirmatory seeds over the seed_budget of {budget}")
+    pilot_runs = raw.get("pilot_runs") or ""
+    differences = _pilot_differences(path, pilot_runs, str(raw["endpoint"]), pilot, contrasts) if pilot_runs else ()
     return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
-                           str(raw.get("margin_rationale") or ""), artefact, budget)
+                           str(raw.get("margin_rationale") or ""), artefact, budget, pilot_runs, differences)
+
+
+def _pilot_file(path: Path, pilot_runs: str) -> Path:
+    """``pilot_runs`` as written: absolute, or relative to the repository root: the nearest folder holding the
+    preregistration ``path`` (its own included) under which it exists, else the working directory (a copy of a
+    plan elsewhere, read from the repository root); a ValueError where none holds it."""
+    for candidate in [folder / pilot_runs for folder in [*path.resolve().parents, Path.cwd()]]:  # absolute: itself
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"{path}: pilot_runs={pilot_runs!r}: no such file (relative to the repository root, which "
+                     "holds the preregistration, or to the working directory); give the pilot's runs.csv, e.g. "
+                     "docs/demo/pilot_runs.csv, or leave pilot_runs out")
+
+
+def _pilot_differences(path: Path, pilot_runs: Any, endpoint: str, pilot_seeds: tuple[int, ...],
+                       contrasts: list[Contrast]) -> tuple[tuple[float, ...], ...]:
+    """Each contrast's A − B on ``endpoint`` at every pilot seed, from the pilot's runs (``pilot_runs``); a
+    ValueError names the file, the field and the fix where they cannot size the design."""
+    if not isinstance(pilot_runs, str):
+        raise ValueError(f"{path}: pilot_runs={pilot_runs!r}: give the pilot's runs.csv as a path relative to the "
+                         "repository root, e.g. docs/demo/pilot_runs.csv")
+    from analysis.summary import read_runs_csv
+
+    runs = read_runs_csv(_pilot_file(path, pilot_runs))
+    missing = [column for column in ("strategy", "seed", endpoint) if column not in runs.columns]
+    if missing:
+        raise ValueError(f"{path}: pilot_runs {pilot_runs} has no column {missing}: give the pilot's runs.csv "
+                         "(batchlab-report's, of the declared design)")
+    seeds = sorted(int(s) for s in runs["seed"].unique())
+    if seeds != sorted(pilot_seeds):
+        raise ValueError(f"{path}: pilot_runs {pilot_runs} holds seeds {seeds}, pilot_seeds declares "
+                         f"{sorted(pilot_seeds)}: declare the seeds the pilot ran (pilot_seeds), or name its runs")
+    if len(seeds) < 2:
+        raise ValueError(f"{path}: pilot_seeds {seeds}: a pilot sizes the design from the spread over its seeds; "
+                         "give 2 or more")
+    differences = []
+    for index, contrast in enumerate(contrasts):
+        absent = [s for s in (contrast.a, contrast.b) if s not in set(runs["strategy"])]
+        if absent:
+            raise ValueError(f"{path}: pilot_runs {pilot_runs} has no run of {absent} (contrasts[{index}], "
+                             f"{contrast.name}): pilot every planned strategy, or leave pilot_runs out")
+        both, values_a, values_b = paired_values(runs, endpoint, contrast.a, contrast.b)
+        if list(both) != seeds:
+            raise ValueError(f"{path}: pilot_runs {pilot_runs} pairs {contrast.name} (contrasts[{index}]) on seeds "
+                             f"{list(both)} of pilot_seeds {seeds}: rerun the pilot's missing runs")
+        differences.append(tuple(float(d) for d in values_a - values_b))
+    return tuple(differences)
+
+
+def _seeds_range(seeds: tuple[int, ...]) -> str:
+    ordered = sorted(seeds)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}–{ordered[-1]}"
+    return ", ".join(map(str, ordered))
+
+
+def _count(n: int | None) -> str:
+    return f"more than {MAX_SEEDS}" if n is None else str(n)
+
+
+@dataclass(frozen=True)
+class Design:
+    """A planned contrast as the pilot sized it, before the confirmatory runs (never the confirmatory runs' power)."""
+
+    pilot_seeds: tuple[int, ...]
+    effect: float
+    """The pilot's mean paired difference A − B."""
+    sd: float
+    """The s.d. of the pilot's paired differences."""
+    effect_interval: tuple[float, float]
+    """The pilot effect's 95% t interval."""
+    seeds: int
+    """The confirmatory seeds declared (0: none declared, so no power at them)."""
+    power: float
+    """The power at ``seeds`` at the pilot's effect and spread, at Holm's strictest level (nan without ``seeds``)."""
+    needed: int | None
+    """The paired seeds for TARGET_POWER at the pilot's effect and spread (None: more than MAX_SEEDS)."""
+    needed_interval: tuple[int | None, int | None]
+    """``needed`` over ``effect_interval`` (the pilot's s.d. held): its fewest and most (None: more than MAX_SEEDS)."""
+
+    def words(self, unit: str = "") -> str:
+        power = f"power {self.power:.2f} at {self.seeds} seeds; " if self.seeds else ""
+        low, high = self.needed_interval
+        return (f"design (pilot seeds {_seeds_range(self.pilot_seeds)}, before the confirmatory runs): pilot effect "
+                f"{self.effect:+.3f}{unit} (s.d. {self.sd:.3f}{unit}), {power}{TARGET_POWER:.0%} power needs "
+                f"{_count(self.needed)} seeds (95% interval of the pilot: {_count(low)} to {_count(high)})")
 
 
 @dataclass(frozen=True)
 class PlannedResult:
-    """A planned contrast's outcome: A − B paired over ``seeds``, its test, verdict and the design's power."""
+    """A planned contrast's outcome: A − B paired over ``seeds``, its test and verdict, and the pilot's design."""
 
     contrast: Contrast
     seeds: tuple[int, ...]
@@ -150,16 +246,17 @@ class PlannedResult:
     p_value: float  # the t-test's, or TOST's (the larger of its two one-sided p-values)
     p_holm: float
     verdict: str
-    power: float
-    needs_seeds: int | None  # the paired seeds for TARGET_POWER at this effect and spread (None: beyond MAX_SEEDS)
+    design: Design | None = None  # the pilot's sizing (None: the preregistration names no pilot_runs)
 
     def sentence(self, endpoint_words: str, unit: str = "") -> str:
         low, high = self.interval
         c = self.contrast
         margin = f", δ = {c.margin:g}{unit}" if c.margin is not None else ""
+        design = (self.design.words(unit) if self.design is not None
+                  else "no design-time power (the preregistration names no pilot_runs)")
         return (f"{c.name} ({c.kind}{margin}): {endpoint_words} {self.mean_difference:+.3f}{unit} "
                 f"({self.interval_level:.0%} interval {low:+.3f} to {high:+.3f}), Holm p = {_p(self.p_holm)}: "
-                f"**{self.verdict}**; power {self.power:.2f} at {len(self.seeds)} seeds.")
+                f"**{self.verdict}**; {design}.")
 
 
 def _p(p: float) -> str:
@@ -208,11 +305,52 @@ def equivalence_power(effect: float, sd: float, n: int, alpha: float, margin: fl
 
 
 def seeds_needed(power_at: Any, start: int) -> int | None:
-    """The smallest n ≥ 2 (searched from ``start``) with ``power_at(n) ≥ TARGET_POWER``; None past MAX_SEEDS."""
-    for n in range(max(start, 2), MAX_SEEDS + 1):
-        if power_at(n) >= TARGET_POWER:
-            return n
-    return None
+    """The smallest n ≥ 2 (searched from ``start``) with ``power_at(n) ≥ TARGET_POWER``; None past MAX_SEEDS.
+    Power grows with n (both tests' do where they can reach the target), so the search bisects between ``start``
+    and MAX_SEEDS."""
+    low = max(start, 2)
+    if low > MAX_SEEDS:
+        return None
+    if power_at(low) >= TARGET_POWER:
+        return low
+    high = MAX_SEEDS
+    if not power_at(high) >= TARGET_POWER:
+        return None
+    while high - low > 1:  # power_at(low) short of the target, power_at(high) reaching it
+        middle = (low + high) // 2
+        if power_at(middle) >= TARGET_POWER:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def design_of(contrast: Contrast, differences: tuple[float, ...], plan: Preregistration) -> Design:
+    """What the pilot's paired ``differences`` (one per pilot seed) give ``contrast``: its effect, spread, power at
+    the confirmatory seed count and the seeds TARGET_POWER needs, all at Holm's strictest level (α / m)."""
+    from scipy import stats
+
+    strictest = plan.alpha / len(plan.contrasts)
+    values = np.asarray(differences)
+    pilot_n, effect, sd = len(values), float(values.mean()), float(values.std(ddof=1))
+    half = float(stats.t.ppf(0.975, pilot_n - 1)) * sd / math.sqrt(pilot_n)
+
+    def power(mean: float, k: int) -> float:
+        if contrast.kind == "superiority":
+            return superiority_power(mean, sd, k, strictest)
+        return equivalence_power(mean, sd, k, strictest, contrast.margin)
+
+    def needed(mean: float) -> int | None:
+        return seeds_needed(lambda k: power(mean, k), 2)
+
+    ends = (effect - half, effect + half)
+    # the fewest and most seeds over the interval: both powers fall as |effect| falls (superiority) or grows
+    # (equivalence), so the extremes lie at its ends or at its point nearest zero (zero itself where it holds zero)
+    over = [needed(mean) for mean in (*ends, min(max(0.0, ends[0]), ends[1]))]
+    ordered = sorted(over, key=lambda n: math.inf if n is None else n)
+    seeds = len(plan.confirmatory_seeds)  # none: both powers are nan under 2 pairs
+    return Design(tuple(sorted(plan.pilot_seeds)), effect, sd, ends, seeds, power(effect, seeds), needed(effect),
+                  (ordered[0], ordered[-1]))
 
 
 def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[PlannedResult]:
@@ -251,33 +389,20 @@ def planned_results(per_run: pd.DataFrame, plan: Preregistration) -> list[Planne
         half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
         rows.append((contrast, seeds, mean, sd, (mean - half, mean + half), level, p))
     adjusted = multipletests([row[-1] for row in rows], alpha=plan.alpha, method="holm")[1]
-    strictest = plan.alpha / len(rows)
+    designs = [design_of(c, d, plan) for c, d in zip(plan.contrasts, plan.pilot_differences)] or [None] * len(rows)
     results = []
-    for (contrast, seeds, mean, sd, interval, level, p), p_holm in zip(rows, adjusted):
-        n = len(seeds)
-        if contrast.kind == "superiority":
-            def power_at(k: int, mean: float = mean, sd: float = sd) -> float:
-                return superiority_power(mean, sd, k, strictest)
-            if p_holm < plan.alpha:
+    for (contrast, seeds, mean, sd, interval, level, p), p_holm, design in zip(rows, adjusted, designs):
+        if p_holm < plan.alpha:
+            if contrast.kind == "superiority":
                 a_better = (mean < 0) == (plan.better == "lower")
                 verdict = "better" if a_better else "worse"
             else:
-                verdict = None
-        else:
-            def power_at(k: int, mean: float = mean, sd: float = sd, margin: float = contrast.margin) -> float:
-                return equivalence_power(mean, sd, k, strictest, margin)
-            if p_holm < plan.alpha:
                 verdict = "equivalent within δ"
-            elif interval[0] > contrast.margin or interval[1] < -contrast.margin:
-                verdict = "not equivalent"
-            else:
-                verdict = None
-        needed = seeds_needed(power_at, n)
-        if verdict is None:
-            verdict = (f"inconclusive — needs {needed} seeds" if needed is not None
-                       else f"inconclusive — needs more than {MAX_SEEDS} seeds")
-        results.append(PlannedResult(contrast, seeds, mean, sd, interval, level, p, float(p_holm), verdict,
-                                     power_at(n), needed))
+        elif contrast.kind == "equivalence" and (interval[0] > contrast.margin or interval[1] < -contrast.margin):
+            verdict = "not equivalent"
+        else:
+            verdict = "inconclusive"
+        results.append(PlannedResult(contrast, seeds, mean, sd, interval, level, p, float(p_holm), verdict, design))
     return results
 
 
@@ -287,8 +412,21 @@ def planned_frame(results: list[PlannedResult]) -> pd.DataFrame:
         "contrast": r.contrast.name, "kind": r.contrast.kind, "margin": r.contrast.margin, "seeds": len(r.seeds),
         "mean_difference": r.mean_difference, "sd_difference": r.sd_difference, "interval_low": r.interval[0],
         "interval_high": r.interval[1], "interval_level": r.interval_level, "p_value": r.p_value,
-        "p_holm": r.p_holm, "verdict": r.verdict, "power": r.power, "needs_seeds": r.needs_seeds,
+        "p_holm": r.p_holm, "verdict": r.verdict, **_design_columns(r.design),
     } for r in results])
+
+
+def _design_columns(design: Design | None) -> dict[str, Any]:
+    """``planned.csv``'s design columns: the pilot's effect and spread, the power at the confirmatory seeds and the
+    seeds TARGET_POWER needs with their range (empty without a pilot; a count past MAX_SEEDS is empty too)."""
+    if design is None:
+        return dict.fromkeys(DESIGN_COLUMNS)
+    return dict(zip(DESIGN_COLUMNS, (design.effect, design.sd, design.power, design.seeds, design.needed,
+                                     *design.needed_interval)))
+
+
+DESIGN_COLUMNS = ("pilot_effect", "pilot_sd", "design_power", "design_seeds", "design_needs_seeds",
+                  "design_needs_seeds_low", "design_needs_seeds_high")
 
 
 def seeds_words(results: list[PlannedResult], plan: Preregistration) -> str:

@@ -14,6 +14,7 @@ import yaml
 from harness.cli.report import main
 from analysis.planned import (
     Contrast,
+    Design,
     PlannedResult,
     Preregistration,
     equivalence_power,
@@ -53,7 +54,7 @@ def test_holm_over_the_planned_family_matches_a_hand_computation():
     # by hand: sorted 0.005 (×4 = 0.02), 0.01 (×3 = 0.03), 0.03 (×2 = 0.06), 0.04 (×1 = 0.04 → 0.06, monotone)
     assert [r.p_holm for r in results] == pytest.approx([0.03, 0.06, 0.06, 0.02], rel=1e-6)
     assert [r.verdict for r in results][3] == "worse" and results[0].verdict == "worse"  # higher loss than ref
-    assert results[1].verdict.startswith("inconclusive — needs ")
+    assert results[1].verdict == "inconclusive"
 
 
 def test_tost_matches_the_t_table():
@@ -111,17 +112,19 @@ def test_the_committed_margin_and_seed_count_follow_from_the_pilot():
     assert f"{gap:.3f} nats" in plan.margin_rationale and f"{gap / 4:.3f}" in plan.margin_rationale
     (equivalence,) = [c for c in plan.contrasts if c.kind == "equivalence"]
     assert equivalence.margin <= gap / 4
-    results = planned_results(pilot, plan)
-    sized = [r.needs_seeds for r in results if r.needs_seeds is not None]
+    assert plan.pilot_runs == "docs/demo/pilot_runs.csv"
+    designs = [r.design for r in planned_results(pilot, plan)]
+    sized = [d.needed for d in designs if d.needed is not None]
     budget = plan.seed_budget or max(sized)
     assert sized and len(plan.confirmatory_seeds) == max(5, min(budget, max(sized)))
     text = " ".join(PLAN.read_text().replace("#", " ").split())
-    for result in results:  # each contrast's need is stated; one the budget cannot meet is named with its pilot effect
-        if result.needs_seeds is not None:
-            assert f"{result.contrast.name}{'’s equivalence within δ' if result.contrast.kind == 'equivalence' else ''}" \
-                   in text.replace("'", "’") and f" {result.needs_seeds}" in text, result.contrast
-        if result.needs_seeds is None or result.needs_seeds > len(plan.confirmatory_seeds):
-            assert f"{result.mean_difference:+.3f} nats" in text, result.contrast
+    for contrast, design in zip(plan.contrasts, designs):  # each need is stated; one the budget misses is named
+        if design.needed is not None:
+            assert f"{contrast.name}{'’s equivalence within δ' if contrast.kind == 'equivalence' else ''}" \
+                   in text.replace("'", "’") and f" {design.needed}" in text, contrast
+        if design.needed is None or design.needed > len(plan.confirmatory_seeds):
+            assert f"{design.effect:+.3f} nats" in text, contrast
+    assert f"about {designs[1].power:.0%} power" in text  # bucketed vs sorted's, at the 12 seeds
     assert not set(plan.confirmatory_seeds) & set(plan.pilot_seeds)
 
 
@@ -176,7 +179,7 @@ def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_
 
 # ------------------------------------------------------------------ the preregistration file, field by field
 KEYS_TEXT = ("['alpha', 'artefact', 'better', 'confirmatory_seeds', 'contrasts', 'endpoint', 'margin_rationale', "
-             "'pilot_seeds', 'seed_budget']")
+             "'pilot_runs', 'pilot_seeds', 'seed_budget']")
 MINIMAL = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": [{"a": "x", "b": "y", "kind": "superiority"}]}
 
 
@@ -289,6 +292,9 @@ def test_paired_values_keeps_the_seeds_both_have_as_float64():
     assert seeds == (1, 3)
     assert values_a.dtype == np.float64 and values_b.dtype == np.float64
     assert values_a.tolist() == [10.0, 30.0] and values_b.tolist() == [11.0, 33.0]
+    whole = pd.DataFrame({"strategy": ["a", "a", "b", "b"], "seed": [0, 1, 0, 1], "final_eval_loss": [1, 2, 3, 4]})
+    _, values_a, values_b = paired_values(whole, "final_eval_loss", "a", "b")  # int64 in its table: no NaN there
+    assert values_a.dtype == np.float64 and values_b.dtype == np.float64
 
 
 def test_paired_values_takes_the_first_row_of_a_run_given_twice():
@@ -450,14 +456,14 @@ def test_a_holm_p_exactly_at_alpha_is_not_significant():
     (first,) = planned_results(frame, plan_of(contrast))
     assert first.verdict == "worse"
     (at_alpha,) = planned_results(frame, plan_of(contrast, alpha=first.p_value))
-    assert at_alpha.p_holm == first.p_value and at_alpha.verdict.startswith("inconclusive — needs ")
+    assert at_alpha.p_holm == first.p_value and at_alpha.verdict == "inconclusive"
 
     equivalence = Contrast("a", "b", "equivalence", 0.1)
     frame = runs({"a": [1.0, 1.01, 0.99, 1.02, 0.98], "b": [1.0] * 5})
     (first,) = planned_results(frame, plan_of(equivalence))
     assert first.verdict == "equivalent within δ"
     (at_alpha,) = planned_results(frame, plan_of(equivalence, alpha=first.p_value))
-    assert at_alpha.p_holm == first.p_value and at_alpha.verdict.startswith("inconclusive — needs ")
+    assert at_alpha.p_holm == first.p_value and at_alpha.verdict == "inconclusive"
 
 
 @pytest.mark.parametrize("sign", [1, -1])
@@ -470,7 +476,7 @@ def test_an_interval_ending_exactly_at_the_margin_is_not_wholly_outside_it(sign)
     touching = min(abs(first.interval[0]), abs(first.interval[1]))
     (at_margin,) = planned_results(frame, plan_of(Contrast("a", "b", "equivalence", touching)))
     assert at_margin.interval == first.interval
-    assert at_margin.verdict.startswith("inconclusive — needs ")
+    assert at_margin.verdict == "inconclusive"
 
 
 def test_an_interval_straddling_minus_the_margin_is_inconclusive():
@@ -478,26 +484,16 @@ def test_an_interval_straddling_minus_the_margin_is_inconclusive():
     (result,) = planned_results(frame, plan_of(Contrast("a", "b", "equivalence", 0.1)))
     low, high = result.interval
     assert low < -0.1 < high < 0.1
-    assert result.verdict.startswith("inconclusive — needs ")
+    assert result.verdict == "inconclusive"
 
 
-def test_an_inconclusive_verdict_names_the_seeds_the_effect_needs():
-    """The seeds for 80% power at the observed effect and spread: statsmodels' solve_power, rounded up."""
-    from statsmodels.stats.power import TTestPower
-
+def test_an_inconclusive_verdict_reads_inconclusive_and_nothing_of_the_observed_effects_power():
     frame = runs({"a": [1.1, 0.95, 1.2, 1.0], "b": [1.0] * 4})
     (result,) = planned_results(frame, plan_of(Contrast("a", "b", "superiority")))
-    effect = abs(result.mean_difference) / result.sd_difference
-    needed = math.ceil(TTestPower().solve_power(effect_size=effect, alpha=0.05, power=0.8))
-    assert 4 < needed < 1000
-    assert result.needs_seeds == needed and result.verdict == f"inconclusive — needs {needed} seeds"
-    assert result.power == pytest.approx(TTestPower().power(effect_size=effect, nobs=4, alpha=0.05), rel=1e-9)
-
-
-def test_an_effect_no_affordable_count_detects_needs_more_than_max_seeds():
-    frame = runs({"a": [1.001, 0.5, 1.5, 1.0, 1.004], "b": [1.0] * 5})  # mean 0.001, s.d. ~0.35
-    (result,) = planned_results(frame, plan_of(Contrast("a", "b", "superiority")))
-    assert result.needs_seeds is None and result.verdict == "inconclusive — needs more than 1000 seeds"
+    assert result.verdict == "inconclusive" and result.design is None
+    assert not {"power", "needs_seeds"} & set(vars(result))
+    assert result.sentence("x").endswith("**inconclusive**; no design-time power (the preregistration names no "
+                                         "pilot_runs).")
 
 
 def test_a_superiority_result_holds_the_95_percent_interval_and_the_spread_of_the_differences():
@@ -514,21 +510,27 @@ def test_a_superiority_result_holds_the_95_percent_interval_and_the_spread_of_th
 
 # ------------------------------------------------------------------ the results in words and in a table
 SUPERIORITY = PlannedResult(Contrast("p", "q", "superiority"), (0, 1, 2, 3), -0.25, 0.1, (-0.409, -0.091), 0.95,
-                            0.0004, 0.0008, "better", 0.876, 4)
+                            0.0004, 0.0008, "better",
+                            Design((0, 1, 2), -0.2, 0.05, (-0.32, -0.08), 4, 0.876, 4, (3, 7)))
 EQUIVALENCE = PlannedResult(Contrast("a", "b", "equivalence", 0.05), (100, 101, 102), 0.0123, 0.02,
-                            (-0.0041, 0.0287), 0.9, 0.2, 0.4, "inconclusive — needs 12 seeds", 0.314, 12)
+                            (-0.0041, 0.0287), 0.9, 0.2, 0.4, "inconclusive",
+                            Design((0, 2, 5), 0.01, 0.03, (-0.06, 0.08), 3, 0.314, 12, (5, None)))
 
 
-def test_a_result_sentence_gives_effect_interval_holm_p_verdict_and_power():
+def test_a_result_sentence_gives_effect_interval_holm_p_verdict_and_the_design_line():
     assert SUPERIORITY.sentence("final_eval_loss") == (
         "p vs q (superiority): final_eval_loss -0.250 (95% interval -0.409 to -0.091), Holm p = < 0.001: **better**; "
-        "power 0.88 at 4 seeds.")
+        "design (pilot seeds 0–2, before the confirmatory runs): pilot effect -0.200 (s.d. 0.050), power 0.88 at 4 "
+        "seeds; 80% power needs 4 seeds (95% interval of the pilot: 3 to 7).")
     assert EQUIVALENCE.sentence("final_eval_loss") == (
         "a vs b (equivalence, δ = 0.05): final_eval_loss +0.012 (90% interval -0.004 to +0.029), Holm p = 0.400: "
-        "**inconclusive — needs 12 seeds**; power 0.31 at 3 seeds.")
+        "**inconclusive**; design (pilot seeds 0, 2, 5, before the confirmatory runs): pilot effect +0.010 (s.d. "
+        "0.030), power 0.31 at 3 seeds; 80% power needs 12 seeds (95% interval of the pilot: 5 to more than 1000).")
     assert EQUIVALENCE.sentence("the loss", " nats") == (
         "a vs b (equivalence, δ = 0.05 nats): the loss +0.012 nats (90% interval -0.004 to +0.029), Holm p = 0.400: "
-        "**inconclusive — needs 12 seeds**; power 0.31 at 3 seeds.")
+        "**inconclusive**; design (pilot seeds 0, 2, 5, before the confirmatory runs): pilot effect +0.010 nats "
+        "(s.d. 0.030 nats), power 0.31 at 3 seeds; 80% power needs 12 seeds (95% interval of the pilot: 5 to more "
+        "than 1000).")
 
 
 @pytest.mark.parametrize(("p_holm", "written"), [(0.0004, "< 0.001"), (0.000999, "< 0.001"), (0.001, "0.001"),
@@ -577,17 +579,26 @@ def test_planned_frame_has_one_row_per_contrast_with_every_column():
     frame = planned_frame([SUPERIORITY, EQUIVALENCE])
     assert frame.columns.tolist() == ["contrast", "kind", "margin", "seeds", "mean_difference", "sd_difference",
                                       "interval_low", "interval_high", "interval_level", "p_value", "p_holm",
-                                      "verdict", "power", "needs_seeds"]
-    assert frame.iloc[1].to_dict() == {
+                                      "verdict", "pilot_effect", "pilot_sd", "design_power", "design_seeds",
+                                      "design_needs_seeds", "design_needs_seeds_low", "design_needs_seeds_high"]
+    second = frame.iloc[1].to_dict()
+    assert math.isnan(second.pop("design_needs_seeds_high"))  # more than MAX_SEEDS: empty in planned.csv
+    assert second == {
         "contrast": "a vs b", "kind": "equivalence", "margin": 0.05, "seeds": 3, "mean_difference": 0.0123,
         "sd_difference": 0.02, "interval_low": -0.0041, "interval_high": 0.0287, "interval_level": 0.9,
-        "p_value": 0.2, "p_holm": 0.4, "verdict": "inconclusive — needs 12 seeds", "power": 0.314, "needs_seeds": 12}
+        "p_value": 0.2, "p_holm": 0.4, "verdict": "inconclusive", "pilot_effect": 0.01, "pilot_sd": 0.03,
+        "design_power": 0.314, "design_seeds": 3, "design_needs_seeds": 12, "design_needs_seeds_low": 5}
     first = frame.iloc[0].to_dict()
     assert math.isnan(first.pop("margin"))  # a superiority has none
     assert first == {
         "contrast": "p vs q", "kind": "superiority", "seeds": 4, "mean_difference": -0.25, "sd_difference": 0.1,
         "interval_low": -0.409, "interval_high": -0.091, "interval_level": 0.95, "p_value": 0.0004, "p_holm": 0.0008,
-        "verdict": "better", "power": 0.876, "needs_seeds": 4}
+        "verdict": "better", "pilot_effect": -0.2, "pilot_sd": 0.05, "design_power": 0.876, "design_seeds": 4,
+        "design_needs_seeds": 4, "design_needs_seeds_low": 3, "design_needs_seeds_high": 7}
+    from dataclasses import replace
+
+    (bare,) = planned_frame([replace(SUPERIORITY, design=None)]).to_dict("records")
+    assert [bare[k] for k in ("pilot_effect", "design_power", "design_needs_seeds_high")] == [None, None, None]
 
 
 def on_seeds(*seeds: int) -> PlannedResult:
@@ -611,3 +622,241 @@ def test_seeds_words_say_whether_the_seeds_are_confirmatory_or_the_pilots(result
 
     plan = Preregistration("final_eval_loss", "lower", 0.05, (SUPERIORITY.contrast,), pilot, confirmatory)
     assert seeds_words(results, plan) == words
+
+
+# ------------------------------------------------------------------ design-time power, from the pilot
+PILOT_DIFFS = [-0.10, -0.20, -0.02, -0.10]  # a − b at pilot seeds 0-3: mean -0.105, s.d. ~0.0737
+NEAR_DIFFS = [0.01, -0.02, 0.0, 0.015]  # c − b: mean 0.00125, s.d. ~0.0155, for an equivalence within 0.02
+
+
+def pilot_csv(path: Path, seeds=(0, 1, 2, 3), strategies=("a", "b", "c"), drop=()) -> Path:
+    rows = [{"strategy": s, "seed": seed, "final_eval_loss": 1.0 + {"a": a, "b": 0.0, "c": c}[s]}
+            for seed, a, c in zip(seeds, PILOT_DIFFS, NEAR_DIFFS) for s in strategies if (s, seed) not in drop]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def designed(tmp_path: Path, **fields) -> Path:
+    """A preregistration of a vs b (superiority) and c vs b (equivalence within 0.02), α 0.05 (Holm's strictest
+    step 0.025), 8 confirmatory seeds, sized on pilot.csv beside it (seeds 0-3)."""
+    pilot_csv(tmp_path / "pilot.csv")
+    return plan_file(tmp_path, **{
+        "pilot_seeds": [0, 1, 2, 3], "pilot_runs": "pilot.csv", "confirmatory_seeds": list(range(100, 108)),
+        "contrasts": [{"a": "a", "b": "b", "kind": "superiority"},
+                      {"a": "c", "b": "b", "kind": "equivalence", "margin": 0.02}],
+        "margin_rationale": "why", **fields})
+
+
+def solved(effect: float, sd: float, alpha: float) -> int:
+    """statsmodels' seeds for 80% power (the paired t-test's): the first count from 2 its power reaches 0.8 at
+    (solve_power's continuous answer, rounded up, can fall under 2, where no count holds)."""
+    from scipy import stats
+    from statsmodels.stats.power import TTestPower
+
+    def power(n: int) -> float:  # where statsmodels' far tail underflows to nan (a huge effect), the near tail's
+        value = TTestPower().power(effect_size=abs(effect) / sd, nobs=n, alpha=alpha)
+        critical = stats.t.ppf(1 - alpha / 2, n - 1)
+        return value if math.isfinite(value) else stats.nct.sf(critical, n - 1, abs(effect) / sd * math.sqrt(n))
+
+    start = max(2, math.floor(TTestPower().solve_power(effect_size=abs(effect) / sd, alpha=alpha, power=0.8)) - 1)
+    return next(n for n in range(start, 10_000) if power(n) >= 0.8)
+
+
+def test_the_design_is_the_pilots_effect_and_spread_and_statsmodels_power_at_the_confirmatory_seeds(tmp_path):
+    from scipy import stats
+    from statsmodels.stats.power import TTestPower
+
+    plan = load_preregistration(designed(tmp_path))
+    assert plan.pilot_runs == "pilot.csv"
+    assert [list(d) for d in plan.pilot_differences] == [pytest.approx(PILOT_DIFFS, abs=1e-12),
+                                                         pytest.approx(NEAR_DIFFS, abs=1e-12)]
+    confirmatory = runs({"a": [1.0, 0.9, 1.1, 1.0, 0.95, 1.05, 1.0, 1.02], "b": [1.0] * 8,
+                         "c": [1.005, 0.996, 1.0, 1.003, 0.998, 1.001, 0.997, 1.0]})
+    confirmatory["seed"] += 100
+    superiority, equivalence = (r.design for r in planned_results(confirmatory, plan))
+    mean, sd = float(np.mean(PILOT_DIFFS)), float(np.std(PILOT_DIFFS, ddof=1))
+    assert (superiority.effect, superiority.sd) == (pytest.approx(mean, abs=1e-12), pytest.approx(sd, rel=1e-9))
+    assert (superiority.pilot_seeds, superiority.seeds) == ((0, 1, 2, 3), 8)
+    assert superiority.power == pytest.approx(TTestPower().power(effect_size=-mean / sd, nobs=8, alpha=0.025),
+                                              rel=1e-9)
+    assert superiority.needed == solved(mean, sd, 0.025) == 8  # the known answer: 1.42 s.d. at α 0.025
+    half = stats.t.ppf(0.975, 3) * sd / 2
+    assert superiority.effect_interval == pytest.approx((mean - half, mean + half), rel=1e-9)
+    assert superiority.needed_interval == (solved(mean - half, sd, 0.025), None)  # the interval reaches past 0
+    # the equivalence: TOST's two one-sided powers at the pilot's effect, from scipy's noncentral t by hand
+    near, near_sd = float(np.mean(NEAR_DIFFS)), float(np.std(NEAR_DIFFS, ddof=1))
+    se, critical = near_sd / math.sqrt(8), stats.t.ppf(1 - 0.025, 7)
+    by_hand = stats.nct.sf(critical, 7, (near + 0.02) / se) + stats.nct.cdf(-critical, 7, (near - 0.02) / se) - 1
+    assert equivalence.power == pytest.approx(by_hand, rel=1e-9) and 0.7 < by_hand < 0.8
+    assert equivalence.power == pytest.approx(tost_bound_by_simulation(near, near_sd, 8, 0.025, 0.02), abs=0.01)
+    assert equivalence.needed == min(n for n in range(2, 60)
+                                     if equivalence_power(near, near_sd, n, 0.025, 0.02) >= 0.8) == 9
+
+
+def test_the_needed_seeds_interval_brackets_the_point_and_moves_with_the_pilots_effect():
+    """Shifting the pilot's differences (the s.d. held): a superiority needs fewer seeds at every end as the effect
+    grows, an equivalence more as it nears δ; each interval brackets its point, and one holding zero reaches past
+    MAX_SEEDS for a superiority and holds the fewest seeds for an equivalence."""
+    from analysis.planned import MAX_SEEDS, design_of
+
+    def count(n):
+        return MAX_SEEDS + 1 if n is None else n
+
+    spread = np.array([-0.06, 0.04, 0.0, 0.02])
+    superiority, equivalence = Contrast("a", "b", "superiority"), Contrast("a", "b", "equivalence", 0.1)
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (superiority, equivalence), (0, 1, 2, 3), (7, 8))
+    seen = []
+    for effect in (0.05, 0.08, 0.12, 0.2):  # needs 10 (4 to more than 1000), 6 (4 to 143), 4 (4 to 10), 3 (3 to 4)
+        design = design_of(superiority, tuple(spread + effect), plan)
+        low, high = (count(n) for n in design.needed_interval)
+        assert low <= count(design.needed) <= high
+        ends = design.effect_interval
+        assert low == solved(max(ends, key=abs), design.sd, 0.025)  # the end farther from zero
+        assert high == (MAX_SEEDS + 1 if ends[0] < 0 < ends[1] else solved(min(ends, key=abs), design.sd, 0.025))
+        seen.append((low, count(design.needed), high))
+    assert all(a >= b for earlier, later in zip(seen, seen[1:]) for a, b in zip(earlier, later))
+    assert [row[1] for row in seen] == [10, 6, 4, 3] and seen[0][2] == MAX_SEEDS + 1 > seen[1][2] > seen[2][2]
+    seen = []
+    for effect in (0.0, 0.02, 0.04, 0.06):  # needs 5 (5 to 18), 5 (5 to 118), 7 (5 to more), 12 (5 to more)
+        design = design_of(equivalence, tuple(spread + effect), plan)
+        low, high = (count(n) for n in design.needed_interval)
+        assert low <= count(design.needed) <= high
+        assert design.effect_interval[0] < 0 < design.effect_interval[1]  # the fewest seeds: at zero difference
+        assert low == design_of(equivalence, tuple(spread - spread.mean()), plan).needed
+        seen.append((low, count(design.needed), high))
+    assert all(a <= b for earlier, later in zip(seen, seen[1:]) for a, b in zip(earlier, later))
+    assert [row[1] for row in seen] == [5, 5, 7, 12] and seen[0][2] < seen[1][2] < seen[2][2] == MAX_SEEDS + 1
+
+
+def test_the_planned_section_gives_the_pilots_power_and_never_the_confirmatory_runs(tmp_path):
+    """Confirmatory runs whose own effect is far weaker than the pilot's: their observed power and the seeds it
+    would ask for appear nowhere (section, summary opening, planned.csv); the design line gives the pilot's."""
+    from statsmodels.stats.power import TTestPower
+
+    from analysis.planned import planned_frame, verdict_lines
+
+    plan = load_preregistration(designed(tmp_path))
+    a = [1.0, 0.94, 1.05, 0.97, 1.01, 0.96, 1.03, 0.98]  # a − b: mean -0.0075, s.d. ~0.035
+    confirmatory = runs({"a": a, "b": [1.0] * 8, "c": [1.005, 0.996, 1.0, 1.003, 0.998, 1.001, 0.997, 1.0]})
+    confirmatory["seed"] += 100
+    results = planned_results(confirmatory, plan)
+    first = results[0]
+    observed = TTestPower().power(effect_size=abs(first.mean_difference) / first.sd_difference, nobs=8, alpha=0.025)
+    asked = solved(first.mean_difference, first.sd_difference, 0.025)
+    design = first.design
+    assert observed < 0.2 < 0.8 < design.power and asked > 100  # the two are far apart
+    text = planned_markdown(results, plan, "plan.yaml") + "\n".join(verdict_lines(results, plan, "plan.yaml"))
+    import re
+
+    assert re.findall(r"power (\d\.\d\d) at", text) == [f"{r.design.power:.2f}" for r in results] * 2
+    assert f"{observed:.2f} at" not in text and f"{asked} seeds" not in text and "needs_seeds" not in text
+    assert (f"**inconclusive**; design (pilot seeds 0–3, before the confirmatory runs): pilot effect -0.105 (s.d. "
+            f"0.074), power 0.85 at 8 seeds; 80% power needs 8 seeds (95% interval of the pilot: "
+            f"{design.needed_interval[0]} to more than 1000).") in text
+    frame = planned_frame(results)
+    assert not {"power", "needs_seeds"} & set(frame.columns)
+    assert frame["design_power"].tolist() == [r.design.power for r in results]
+
+
+def test_a_design_without_confirmatory_seeds_gives_the_seeds_it_needs_and_no_power():
+    from analysis.planned import design_of
+
+    contrast = Contrast("a", "b", "superiority")
+    design = design_of(contrast, tuple(PILOT_DIFFS), Preregistration("x", "lower", 0.05, (contrast,), (4, 5, 6, 7)))
+    assert design.seeds == 0 and math.isnan(design.power) and design.needed == solved(-0.105, design.sd, 0.05)
+    assert design.words().startswith("design (pilot seeds 4–7, before the confirmatory runs): pilot effect -0.105 "
+                                     "(s.d. 0.074), 80% power needs ")
+    huge = design_of(contrast, (1.0, 1.01, 0.99), Preregistration("x", "lower", 0.05, (contrast,), (0, 1, 2)))
+    assert huge.needed == 2 and huge.needed_interval == (2, 2)  # 100 s.d.: two pairs are enough
+    for seeds, words in (((3, 5), "3, 5"), ((1, 0), "0, 1"), ((2, 0, 1), "0–2"), ((0, 1, 3), "0, 1, 3")):
+        plan = Preregistration("x", "lower", 0.05, (contrast,), seeds, (9, 10))
+        assert design_of(contrast, (0.1, 0.2, 0.15)[:len(seeds)], plan).words().startswith(
+            f"design (pilot seeds {words}, before"), seeds
+
+
+def test_the_fields_read_from_the_file_are_its_keys_and_the_pilots_differences_are_read_from_pilot_runs(tmp_path):
+    import dataclasses
+
+    from analysis.planned import KEYS
+
+    fields = {f.name: f.metadata for f in dataclasses.fields(Preregistration)}
+    assert fields.pop("pilot_differences") == {"read_from": "pilot_runs"}  # no key of the file: the config reference
+    assert set(fields) == KEYS                                             # leaves it out
+    two = designed(tmp_path, pilot_seeds=[0, 1])  # the fewest seeds that give a spread
+    pilot_csv(tmp_path / "pilot.csv", seeds=(0, 1))
+    assert load_preregistration(two).pilot_differences == (((1.0 - 0.10) - 1.0, (1.0 - 0.20) - 1.0),
+                                                           ((1.0 + 0.01) - 1.0, (1.0 - 0.02) - 1.0))
+
+
+def test_the_committed_plans_read_their_pilots_and_a_relative_pilot_is_found_above_the_plan(tmp_path, monkeypatch):
+    for name, pilot in (("strategies", "docs/demo/pilot_runs.csv"), ("study_real", "docs/study-real/pilot_runs.csv")):
+        plan = load_preregistration(ROOT / "conf" / "preregistration" / f"{name}.yaml")
+        frame = pd.read_csv(ROOT / pilot)
+        assert plan.pilot_runs == pilot and len(plan.pilot_differences) == len(plan.contrasts)
+        for contrast, differences in zip(plan.contrasts, plan.pilot_differences):
+            values = frame.pivot_table(index="seed", columns="strategy", values="final_eval_loss")
+            assert differences == tuple(values[contrast.a] - values[contrast.b])
+    assert load_preregistration(ROOT / "conf" / "preregistration" / "own_lr.yaml").pilot_differences == ()
+    nested = tmp_path / "conf" / "plans"
+    nested.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    pilot_csv(tmp_path / "data" / "pilot.csv")
+    fields = {"pilot_seeds": [0, 1, 2, 3], "pilot_runs": "data/pilot.csv",
+              "contrasts": [{"a": "a", "b": "b", "kind": "superiority"}]}
+    assert len(load_preregistration(plan_file(nested, **fields)).pilot_differences) == 1  # found two folders up
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)  # a plan outside the repository, read from its root
+    assert len(load_preregistration(plan_file(elsewhere, **fields)).pilot_differences) == 1
+    absolute = {**fields, "pilot_runs": str(tmp_path / "data" / "pilot.csv")}
+    monkeypatch.chdir(elsewhere)
+    assert len(load_preregistration(plan_file(elsewhere, **absolute)).pilot_differences) == 1
+
+
+@pytest.mark.parametrize(("fields", "pilot", "message"), [
+    ({"pilot_runs": "absent.csv"}, {},
+     "pilot_runs='absent.csv': no such file (relative to the repository root, which holds the preregistration, or to "
+     "the working directory); give the pilot's runs.csv, e.g. docs/demo/pilot_runs.csv, or leave pilot_runs out"),
+    ({"pilot_runs": 3}, {}, "pilot_runs=3: give the pilot's runs.csv as a path relative to the repository root, "
+                            "e.g. docs/demo/pilot_runs.csv"),
+    ({"pilot_seeds": [0, 1, 2, 4]}, {},
+     "pilot_runs pilot.csv holds seeds [0, 1, 2, 3], pilot_seeds declares [0, 1, 2, 4]: declare the seeds the pilot "
+     "ran (pilot_seeds), or name its runs"),
+    ({"pilot_seeds": ...}, {},
+     "pilot_runs pilot.csv holds seeds [0, 1, 2, 3], pilot_seeds declares []: declare the seeds the pilot ran "
+     "(pilot_seeds), or name its runs"),
+    ({"pilot_seeds": [0]}, {"seeds": (0,)},
+     "pilot_seeds [0]: a pilot sizes the design from the spread over its seeds; give 2 or more"),
+    ({}, {"strategies": ("a", "b")},
+     "pilot_runs pilot.csv has no run of ['c'] (contrasts[1], c vs b): pilot every planned strategy, or leave "
+     "pilot_runs out"),
+    ({}, {"drop": {("b", 2)}},
+     "pilot_runs pilot.csv pairs a vs b (contrasts[0]) on seeds [0, 1, 3] of pilot_seeds [0, 1, 2, 3]: rerun the "
+     "pilot's missing runs"),
+    ({"endpoint": "tau"}, {},
+     "pilot_runs pilot.csv has no column ['tau']: give the pilot's runs.csv (batchlab-report's, of the declared "
+     "design)"),
+])
+def test_a_pilot_that_cannot_size_the_design_is_refused_naming_the_file_the_field_and_the_fix(tmp_path, fields,
+                                                                                              pilot, message):
+    path = designed(tmp_path, **fields)
+    pilot_csv(tmp_path / "pilot.csv", **pilot)
+    assert refusal(path) == f"{path}: {message}"
+
+
+def test_seeds_needed_bisects_asking_few_powers():
+    from analysis.planned import seeds_needed
+
+    asked = []
+
+    def power(n: int) -> float:
+        asked.append(n)
+        return float(n >= 377)
+
+    assert seeds_needed(power, 2) == 377 and len(asked) <= 12 and asked[:2] == [2, 1000]
+    asked.clear()
+    assert seeds_needed(power, 1001) is None and asked == []
+    assert seeds_needed(lambda n: float(n >= 1000), 1000) == 1000  # MAX_SEEDS itself is tried
+    assert seeds_needed(lambda n: 0.8, 5) == 5  # reaching the target at the start is enough
+    assert seeds_needed(lambda n: float(n >= 3), 2) == 3 and seeds_needed(lambda n: float(n >= 999), 2) == 999
+    assert seeds_needed(lambda n: math.nan, 2) is None  # no spread: no power, no count

@@ -361,6 +361,7 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     strategies = list(support.STRATEGIES)
     declared["contrasts"] = [{"a": strategies[0], "b": strategies[1], "kind": "superiority"},
                              {"a": strategies[0], "b": strategies[-1], "kind": "equivalence", "margin": 0.5}]
+    declared.pop("pilot_runs")  # the main job's pilot ran none of these contrasts: no design-time power here
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
     # declared on the shipped artefact: this sweep trained on other data, so it is another experiment
@@ -375,6 +376,7 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     frame = pd.read_csv(out / "planned.csv")
     assert list(frame["contrast"]) == [f"{strategies[0]} vs {strategies[1]}", f"{strategies[0]} vs {strategies[-1]}"]
     assert all(v in printed for v in frame["verdict"])
+    assert not {"power", "needs_seeds"} & set(frame.columns)  # never the power at the effect these runs found
     report_text = (out / "report.md").read_text()
     assert report_text.index("## Planned contrasts") < report_text.index("## Statistical comparison")
     page = (out / "report.html").read_text()  # the page a user opens opens with them too, rendered from markdown

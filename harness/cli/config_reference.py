@@ -179,11 +179,13 @@ def field_key(prefix: str, f: dataclasses.Field, schema: type) -> Key:
 
 
 def dataclass_keys(prefix: str, schema: type) -> list[Key]:
-    """Every field of ``schema`` but the old names (a list of dataclasses also by its items' keys: ``name[].key``)."""
+    """Every field of ``schema`` but the old names and what is read from another key's file (``read_from``: the
+    preregistration's pilot differences, from ``pilot_runs``); a list of dataclasses also by its items' keys
+    (``name[].key``)."""
     keys = []
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
-        if not f.init or MOVED_TO in f.metadata:
+        if not f.init or MOVED_TO in f.metadata or "read_from" in f.metadata:
             continue
         keys.append(field_key(prefix, f, schema))
         items = [arg for arg in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(arg)]

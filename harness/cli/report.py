@@ -11,9 +11,9 @@ the report, never mixed in.
 report's ``runs.csv`` alone (to PATH, or standard output).
 
 ``--preregistration YAML`` (e.g. ``conf/preregistration/strategies.yaml``) adds the planned contrasts declared
-there (:mod:`analysis.planned`): a verdict per contrast, Holm over them only, the power the design had; written
-to ``planned.md`` and ``planned.csv``, opening ``report.md``, and printed (with ``--from-runs-csv``: printed
-after the summary).
+there (:mod:`analysis.planned`): a verdict per contrast, Holm over them only, and the design's power from the
+pilot the preregistration names (``pilot_runs``), never the confirmatory runs'; written to ``planned.md`` and
+``planned.csv``, opening ``report.md``, and printed (with ``--from-runs-csv``: printed after the summary).
 
 ``--throughput-rounds CSV`` and ``--mechanism-runs CSV`` (make demo passes ``docs/demo/throughput_rounds.csv`` and
 ``docs/demo/ablation_normaliser_runs.csv``) finish the summary's answer after the verdicts (:mod:`analysis.answer`):

@@ -67,7 +67,7 @@ EQUIVALENT: dict[str, str] = {
     "(pvals * (m..1), running max, clipped at 1) never read alpha; only its reject flags do, and they are unused",
     "analysis.planned.x_planned_results__mutmut_105": 'method="HOLM": multipletests matches method.lower() against '
     '["h", "holm"], so the same branch runs',
-    "analysis.planned.x_planned_results__mutmut_128": "mean <= 0 vs mean < 0 differs only at mean == 0.0, where "
+    "analysis.planned.x_planned_results__mutmut_132": "mean <= 0 vs mean < 0 differs only at mean == 0.0, where "
     "ttest_rel's t (np.mean of the same a - b over its s.e.) is 0 or nan: p is 1 or nan, and Holm's p_holm >= p "
     "is never < alpha for any alpha in (0, 1) (load_preregistration holds it in (0, 0.5)), so the branch never runs",
     "harness.train.loop.checkpoint.x_checkpoint_paths__mutmut_6": "sorted by the paths themselves (key=None) instead "
@@ -81,6 +81,83 @@ EQUIVALENT: dict[str, str] = {
     "harness.train.loop.checkpoint.x_check_versions__mutmut_56": "entry.get(\"version\", 0) <= version vs < differs "
     "only when the two are equal, which the elif excludes unless the entry has no version (default 0) and the "
     "component's state_version is 0; every Stateful the package saves has version 1 or 2 (versions start at 1)",
+    "harness.models.anchors.x_block_input_ids__mutmut_5": "torch.full without dtype= infers int64 from the int fill "
+    "value mask_token_id (the default dtype only applies to float fills)",
+    "harness.models.anchors.x_block_input_ids__mutmut_9": "torch.full without dtype= infers int64 from the int fill "
+    "value mask_token_id (the default dtype only applies to float fills)",
+    "harness.models.anchors.x_build_block_layout__mutmut_87": "anchor[a:b] = positions... copies into anchor, made on "
+    "the documents' device: a slice assignment copies across devices, so where the right-hand side lives does not "
+    "matter",
+    "harness.models.anchors.x_build_block_layout__mutmut_89": "anchor[a:b] = positions... copies into anchor, made on "
+    "the documents' device: a slice assignment copies across devices, so where the right-hand side lives does not "
+    "matter",
+    "harness.models.anchors.x_build_block_layout__mutmut_88": "anchor[a:b] = positions... casts into anchor's int64 "
+    "(positions are checked to be an integer dtype just above)",
+    "harness.models.anchors.x_build_block_layout__mutmut_90": "anchor[a:b] = positions... casts into anchor's int64 "
+    "(positions are checked to be an integer dtype just above)",
+    "harness.models.anchors.x_build_block_layout__mutmut_106": "torch.repeat_interleave(repeats) is documented as "
+    "repeat_interleave(arange(len(repeats)), repeats) on repeats' device, and blocks_per_doc is already int64 on the "
+    "batch's device",
+    "harness.models.anchors.xǁFlatDocumentsǁfrom_batch__mutmut_104": "torch.repeat_interleave(repeats) is documented "
+    "as repeat_interleave(arange(len(repeats)), repeats) on repeats' device, and doc_lengths is already int64 on the "
+    "batch's device",
+    "harness.models.anchors.xǁFlatDocumentsǁfrom_batch__mutmut_69": "the fill of last (-1 or -2) is read only for a "
+    "row without a real token, which raised just above; any other row's amax is a real column >= 0",
+    "harness.models.anchors.x_sample_anchors__mutmut_26": "an invalid position's key 2.0 or 3.0 lies above every "
+    "uniform key in [0, 1) and below the next document's offset 4.0: valid keys keep their order, and invalid ones "
+    "are never taken (rank < the document's valid count)",
+    "harness.models.drafter_inputs.x_anchor_candidates__mutmut_7": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_anchor_candidates__mutmut_9": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_anchor_candidates__mutmut_11": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_anchor_candidates__mutmut_13": "numpy's reshape takes any negative size as the "
+    "one unknown dimension: reshape(-2) is reshape(-1)",
+    "harness.models.drafter_inputs.x_document_anchors__mutmut_31": "np.zeros defaults to float64",
+    "harness.models.drafter_inputs.x_document_anchors__mutmut_33": "np.zeros defaults to float64",
+    "harness.models.drafter_inputs.x_document_anchors__mutmut_39": "at candidates.size == num_anchors, "
+    "argsort(keys)[:num_anchors] is a permutation of every index and np.sort gives back 0..n-1: the same positions "
+    "and keys",
+    "harness.models.drafter_inputs.x_document_anchors__mutmut_47": "numpy reads the sort kind case-insensitively: "
+    "kind=\"STABLE\" is the stable sort (checked on tied keys)",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_4": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_6": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_8": "astype's copy flag only decides whether a new "
+    "array is allocated; the mask is only read",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_10": "numpy's reshape takes any negative size as the "
+    "one unknown dimension: reshape(-2) is reshape(-1)",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_18": "numpy's reshape takes any negative size as the "
+    "one unknown dimension: reshape(-2) is reshape(-1)",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_14": "anchors are integer positions "
+    "(document_anchors' int64 arrays, as harness/train/batch.py passes them; an empty one returns 0.0 first): "
+    "np.asarray keeps an integer dtype, and anchors + the int64 slots is int64 either way",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_16": "anchors are integer positions "
+    "(document_anchors' int64 arrays, as harness/train/batch.py passes them; an empty one returns 0.0 first): "
+    "np.asarray keeps an integer dtype, and anchors + the int64 slots is int64 either way",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_25": "np.arange of Python ints is numpy's default "
+    "int64, and anchors are int64",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_28": "np.arange of Python ints is numpy's default "
+    "int64, and anchors are int64",
+    "harness.models.drafter_inputs.x_document_weight_sum__mutmut_31": "astype(None) is astype(float64)",
+    "harness.models.drafter_inputs.xǁDrafterInputsǁbuild__mutmut_57": "at candidates == max_blocks the cap keeps every "
+    "block (kept all True, capped = 0): the same positions",
+    "harness.models.drafter_inputs.xǁDrafterInputsǁbuild__mutmut_66": "numpy reads the sort kind case-insensitively: "
+    "kind=\"STABLE\" is the stable sort (checked on tied keys)",
+    "harness.models.drafter_inputs.xǁDrafterInputsǁbuild__mutmut_93": "the positions are document_anchors' int64 "
+    "arrays: ascontiguousarray keeps int64 (and build_block_layout casts to int64 anyway)",
+    "harness.models.drafter_inputs.xǁDrafterInputsǁbuild__mutmut_95": "the positions are document_anchors' int64 "
+    "arrays: ascontiguousarray keeps int64 (and build_block_layout casts to int64 anyway)",
+    "harness.models.drafter_inputs.xǁDrafterInputsǁfrom_layout__mutmut_16": "Tensor.to(None) returns the bool tensor "
+    "unchanged, and bool * float32 decay promotes to the same float32 0 / decay values",
+    "harness.models.anchors.xǁFlatDocumentsǁfrom_batch__mutmut_13": "cu keeps cu_seqlens' int32 (or int64): doc_starts "
+    "and doc_lengths are cast with .long() when FlatDocuments is built, cu[1:] - cu[:-1] is exact in int32, and "
+    "repeat_interleave takes int32 repeats",
+    "harness.models.anchors.xǁFlatDocumentsǁfrom_batch__mutmut_15": "cu keeps cu_seqlens' int32 (or int64): doc_starts "
+    "and doc_lengths are cast with .long() when FlatDocuments is built, cu[1:] - cu[:-1] is exact in int32, and "
+    "repeat_interleave takes int32 repeats",
 }
 
 

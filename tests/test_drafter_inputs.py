@@ -1,12 +1,33 @@
 """The drafter's training path: per-sample anchors, host-prepared DrafterInputs, chunked loss, memory."""
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
+import harness.models.drafter_inputs as drafter_inputs_module
+from harness.models.anchors import (
+    FlatDocuments,
+    block_input_ids,
+    block_targets,
+    build_block_layout,
+    context_visible,
+    sample_anchors,
+    valid_anchor_mask,
+)
 from harness.models.drafter import DFlashDrafter, DrafterConfig, load_drafter_config
-from harness.models.drafter_inputs import DrafterInputs, anchor_candidates, document_anchors
+from harness.models.drafter_inputs import (
+    ANCHOR_PURPOSE,
+    DenseSlice,
+    DrafterInputs,
+    anchor_candidates,
+    document_anchors,
+    document_weight_sum,
+)
 from harness.models.drafter_loss import DrafterLoss, chunked_drafter_loss, drafter_loss
 from harness.models.layout import TokenBatch
 
@@ -448,3 +469,378 @@ def test_chunked_loss_in_bfloat16_stays_close_to_the_unchunked_one():
     assert got.weighted_ce_sum.dtype == torch.float32 and grad.dtype == torch.bfloat16
     assert relative(got.weighted_ce_sum, reference.weighted_ce_sum) <= 1e-5  # the same bf16 logits, CE in fp32
     assert relative(grad, ref_grad) <= 1e-2
+
+
+# ----------------------------------------------------------------------------- anchors: exact values and edges
+
+
+def three_documents(layout="packed"):
+    """Lengths 6, 5 and 1 (the one-token document last), token == 10 * (document + 1) + position."""
+    tokens = [torch.arange(10, 16), torch.arange(20, 25), torch.tensor([30])]
+    masks = [torch.ones(6, dtype=torch.long), torch.tensor([1, 1, 0, 1, 1]), torch.ones(1, dtype=torch.long)]
+    return FlatDocuments.from_batch(TokenBatch.from_documents(tokens, layout, masks))
+
+
+def test_padded_rows_may_be_left_padded_or_one_token_long():
+    documents = [torch.tensor([5]), torch.tensor([6, 7, 8]), torch.tensor([9, 10])]
+    right = TokenBatch.from_documents(documents, "padded")
+    ids, real = torch.zeros(3, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.long)
+    for row, doc in enumerate(documents):  # the same documents at the end of their rows
+        ids[row, 3 - doc.numel():], real[row, 3 - doc.numel():] = doc, 1
+    left = TokenBatch(ids, ids * 0, real.clone(), attention_mask=real)
+    packed = TokenBatch.from_documents(documents, "packed")
+    sources = {"right": [0, 3, 4, 5, 6, 7], "left": [2, 3, 4, 5, 7, 8], "packed": [0, 1, 2, 3, 4, 5]}
+    for name, batch in (("right", right), ("left", left), ("packed", packed)):
+        flat = FlatDocuments.from_batch(batch)
+        assert flat.token_ids.tolist() == [5, 6, 7, 8, 9, 10], name
+        assert flat.doc_starts.tolist() == [0, 1, 4] and flat.doc_lengths.tolist() == [1, 3, 2], name
+        assert flat.doc_of_token.tolist() == [0, 1, 1, 1, 2, 2], name
+        assert flat.position_in_document.tolist() == [0, 0, 1, 2, 0, 1], name
+        assert flat.source_index.tolist() == sources[name], name
+        assert flat.loss_mask.dtype == torch.bool and bool(flat.loss_mask.all()), name
+        for field in ("token_ids", "doc_starts", "doc_lengths", "source_index", "doc_of_token"):
+            assert getattr(flat, field).dtype == torch.int64, (name, field)
+        assert flat.gather(batch.input_ids[..., None] * 2).tolist() == [[10], [12], [14], [16], [18], [20]], name
+
+
+def test_bad_padded_rows_are_named():
+    def padded(real):
+        real = torch.tensor(real)
+        return TokenBatch(real * 7, real * 0, real.clone(), attention_mask=real)
+
+    # row 0 holds one token, rows 1 and 2 none: the first bad row is named
+    with pytest.raises(ValueError, match=r"^attention_mask row 1 has no real token; drop empty rows from the batch$"):
+        FlatDocuments.from_batch(padded([[1, 0, 0], [0, 0, 0], [0, 0, 0]]))
+    # row 0 is left-padded (fine), rows 1 and 2 have holes
+    with pytest.raises(ValueError, match=r"^attention_mask row 1 has holes between real tokens; a padded row must "
+                                         r"hold one document in consecutive positions$"):
+        FlatDocuments.from_batch(padded([[0, 1, 1], [1, 0, 1], [1, 0, 1]]))
+    batch = TokenBatch.from_documents([torch.arange(4), torch.arange(3)], "padded")
+    batch.loss_mask = batch.loss_mask[:, :-1]
+    with pytest.raises(ValueError, match=r"^loss_mask has shape \(2, 3\) but input_ids has \(2, 4\); give one "
+                                         r"loss_mask entry per token$"):
+        FlatDocuments.from_batch(batch)
+
+
+def test_block_layout_values_with_padding_blocks_and_a_one_token_document():
+    for layout_name in ("packed", "padded"):
+        flat = three_documents(layout_name)
+        anchors = [torch.tensor([1, 4], dtype=torch.int32), torch.tensor([0, 3]), torch.zeros(0, dtype=torch.long)]
+        layout = build_block_layout(flat, anchors, block_size=3, blocks_per_document=3)
+        assert layout.doc_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+        assert layout.anchor.tolist() == [1, 4, 0, 0, 3, 0, 0, 0, 0] and layout.anchor.dtype == torch.int64
+        assert layout.keep.tolist() == [True, True, False, True, True, False, False, False, False]
+        assert layout.blocks_per_document.tolist() == [3, 3, 3] and layout.blocks_per_document.dtype == torch.int64
+        assert layout.num_blocks == 9 and layout.num_kept == 4
+        assert layout.slot_positions()[:5].tolist() == [[1, 2, 3], [4, 5, 6], [0, 1, 2], [0, 1, 2], [3, 4, 5]]
+        assert block_input_ids(flat, layout, 99).tolist() == [[11, 99, 99], [14, 99, 99], [99, 99, 99],
+                                                              [20, 99, 99], [23, 99, 99]] + [[99, 99, 99]] * 4
+        targets = block_targets(flat, layout)
+        # slot k of the block at a is the token at a + k; past the document end (a + k == length
+        # included) or where loss_mask is 0 it does not count; unused blocks never count
+        assert targets.labels.tolist() == [[12, 13], [15, 0], [0, 0], [21, 0], [24, 0]] + [[0, 0]] * 4
+        assert targets.valid.tolist() == [[True, True], [True, False], [False, False], [True, False],
+                                          [True, False]] + [[False, False]] * 4
+        visible = context_visible(layout.anchor[:3], layout.keep[:3], 6)
+        assert visible.tolist() == [[True] + [False] * 5, [True] * 4 + [False] * 2, [False] * 6]
+        inputs = DrafterInputs.from_layout(flat, layout, token_shape=tuple(flat.token_ids.shape) + (1,),
+                                           mask_token_id=99, loss_decay_gamma=2.0)
+        decay = math.exp(-0.5)
+        expected = [[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0]] + [[0.0, 0.0]] * 4
+        expected[0][1] = decay
+        assert inputs.loss_weights.dtype == torch.float32
+        torch.testing.assert_close(inputs.loss_weights, torch.tensor(expected), rtol=0, atol=1e-7)
+        assert inputs.weight_sum == pytest.approx(4 + decay, rel=1e-7)
+        assert inputs.num_blocks_candidates == 4 and inputs.num_blocks_capped == 0
+        assert inputs.documents_without_anchor == 1  # the one-token document holds padding blocks only
+        # the unused blocks see no context: the one-token document's blocks see none at all
+        assert inputs.dense_slices == (DenseSlice(0, 3, 0, 4), DenseSlice(3, 6, 6, 3), DenseSlice(6, 9, 11, 0))
+
+
+def test_dense_slices_skip_documents_without_blocks():
+    tokens = [torch.arange(8), torch.arange(3), torch.arange(6), torch.arange(7)]
+    flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed"))
+    anchors = [torch.tensor([2, 5]), torch.zeros(0, dtype=torch.long), torch.tensor([3]), torch.tensor([0, 4])]
+    layout = build_block_layout(flat, anchors, block_size=2)
+    inputs = DrafterInputs.from_layout(flat, layout, token_shape=(1, 24), mask_token_id=0, loss_decay_gamma=1.0,
+                                       num_blocks_candidates=9, num_blocks_capped=4, documents_without_anchor=3)
+    assert inputs.dense_slices == (DenseSlice(0, 2, 0, 5), DenseSlice(2, 3, 11, 3), DenseSlice(3, 5, 17, 4))
+    assert (inputs.num_blocks_candidates, inputs.num_blocks_capped, inputs.documents_without_anchor) == (9, 4, 3)
+    assert inputs.token_shape == (1, 24) and inputs.block_size == 2 and inputs.num_blocks == 5
+
+
+def test_block_layout_bounds_are_inclusive_and_bad_anchors_are_named():
+    flat = three_documents()
+    empty = torch.zeros(0, dtype=torch.long)
+    # block_size 2 and an anchor at length - 2 (one label, the document's last token) are fine
+    layout = build_block_layout(flat, [torch.tensor([4]), torch.tensor([0, 3]), empty], block_size=2)
+    assert block_targets(flat, layout).labels.tolist() == [[15], [21], [24]]
+    assert build_block_layout(flat, [torch.tensor([4]), empty, empty], 2, blocks_per_document=1).num_blocks == 3
+    with pytest.raises(ValueError, match=r"^block_size must be at least 2 \(slot 0 holds the anchor, slots 1\.\. are "
+                                         r"predicted\), got 1$"):
+        build_block_layout(flat, [empty] * 3, block_size=1)
+    with pytest.raises(ValueError, match=r"^anchors has 2 entries but the batch holds 3 documents; give one tensor "
+                                         r"of anchor positions per document$"):
+        build_block_layout(flat, [empty] * 2, block_size=2)
+    for anchors, message in (
+        ([torch.tensor([[1, 2]]), empty, empty], r"anchors\[0\] must be a 1-D integer tensor, got shape \(1, 2\) "
+                                                 r"dtype torch.int64"),
+        ([empty, torch.tensor([1.0]), empty], r"anchors\[1\] must be a 1-D integer tensor, got shape \(1,\) "
+                                              r"dtype torch.float32"),
+        ([torch.tensor([0, 5]), empty, empty], r"anchors\[0\] holds position 5 but document 0 has 6 tokens; an "
+                                               r"anchor must lie in \[0, 4\] so that its block has a label inside "
+                                               r"the same document"),
+        # the lowest is named when it is out of range, even when the highest sits exactly on the bound
+        ([torch.tensor([-1, 4]), empty, empty], r"anchors\[0\] holds position -1 but document 0 has 6 tokens"),
+        ([empty, empty, torch.tensor([0])], r"anchors\[2\] holds position 0 but document 2 has 1 tokens; an anchor "
+                                            r"must lie in \[0, -1\]"),
+    ):
+        with pytest.raises(ValueError, match="^" + message):
+            build_block_layout(flat, anchors, block_size=3)
+    with pytest.raises(ValueError, match=r"^blocks_per_document=1 is smaller than the 2 anchors of one document; "
+                                         r"raise it to at least 2 or leave it unset$"):
+        build_block_layout(flat, [empty, torch.tensor([0, 3]), empty], block_size=3, blocks_per_document=1)
+
+
+def test_a_micro_batch_without_documents_prepares_no_blocks():
+    ids = torch.zeros(0, 4, dtype=torch.long)
+    batch = TokenBatch(ids, ids.clone(), ids.clone(), attention_mask=ids.clone())
+    flat = FlatDocuments.from_batch(batch)
+    for per_document in (None, 0):
+        layout = build_block_layout(flat, [], block_size=4, blocks_per_document=per_document)
+        assert layout.num_blocks == 0 and layout.blocks_per_document.dtype == torch.int64
+    inputs = build(batch, [])
+    assert inputs.num_blocks == 0 and inputs.weight_sum == 0.0 and inputs.dense_slices == ()
+    assert inputs.labels.shape == (0, BLOCK - 1) and inputs.documents_without_anchor == 0
+
+
+def test_valid_anchor_mask_with_blocks_of_two_reaches_the_last_pair():
+    tokens = [torch.arange(4), torch.arange(3)]
+    masks = [torch.tensor([1, 1, 0, 1]), torch.tensor([0, 1, 1])]
+    flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed", masks))
+    # p needs loss_mask[p] and loss_mask[p + 1] of the same document, and p <= length - 2
+    assert valid_anchor_mask(flat, 2).tolist() == [True, False, False, False, False, True, False]
+    assert valid_anchor_mask(flat, 3).tolist() == [True, False, False, False, False, False, False]
+    assert anchor_candidates(masks[1].numpy(), 2).tolist() == [1]
+    with pytest.raises(ValueError, match=r"^block_size must be at least 2, got 1$"):
+        valid_anchor_mask(flat, 1)
+    with pytest.raises(ValueError, match=r"^block_size must be at least 2, got 1$"):
+        anchor_candidates(masks[0].numpy(), 1)
+    anchors = sample_anchors(flat, 1, torch.Generator().manual_seed(0), block_size=2)
+    assert [a.tolist() for a in anchors] == [[0], [1]]
+    with pytest.raises(ValueError, match=r"^num_anchors must be at least 1, got 0$"):
+        sample_anchors(flat, 0, torch.Generator(), block_size=2)
+
+
+def test_sample_anchors_keep_the_smallest_float64_keys_of_each_document():
+    lengths = [30, 3, 25, 12, 41]
+    tokens, masks = corpus(lengths)
+    flat = FlatDocuments.from_batch(TokenBatch.from_documents(tokens, "packed", masks))
+    valid = valid_anchor_mask(flat, BLOCK)
+    # one uniform float64 key per flat token, drawn from the generator in order
+    keys = torch.rand(flat.num_tokens, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    drawn = sample_anchors(flat, 5, torch.Generator().manual_seed(3), block_size=BLOCK)
+    for doc, (start, length) in enumerate(zip(flat.doc_starts.tolist(), flat.doc_lengths.tolist())):
+        candidates = [p for p in range(length) if valid[start + p]]
+        expected = sorted(sorted(candidates, key=lambda p: float(keys[start + p]))[:5])
+        assert drawn[doc].tolist() == expected and drawn[doc].dtype == torch.int64, doc
+    assert [a.numel() for a in drawn] == [5, 0, 5, 5, 5]
+
+
+def test_everything_is_made_on_the_batchs_device_not_torchs_default():
+    """Under a default device of ``meta``, every tensor still lands on the batch's (CPU) device."""
+    tokens, masks = corpus([13, 2, 22, 9])
+    for layout_name in ("packed", "padded"):
+        batch = TokenBatch.from_documents(tokens, layout_name, masks)
+        reference_flat = FlatDocuments.from_batch(batch)
+        reference_anchors = sample_anchors(reference_flat, 3, torch.Generator().manual_seed(1), block_size=BLOCK)
+        reference = build(batch, [0, 1, 2, 3], num_anchors=3, max_blocks=5)
+        with torch.device("meta"):
+            flat = FlatDocuments.from_batch(batch)
+            anchors = sample_anchors(flat, 3, torch.Generator().manual_seed(1), block_size=BLOCK)
+            layout = build_block_layout(flat, anchors, BLOCK, blocks_per_document=4)
+            made = [*(getattr(flat, f.name) for f in dataclasses.fields(flat)), flat.position_in_document,
+                    valid_anchor_mask(flat, BLOCK), *anchors, layout.doc_index, layout.anchor, layout.keep,
+                    layout.blocks_per_document, layout.slot_positions(), block_input_ids(flat, layout, 99),
+                    block_targets(flat, layout).labels, context_visible(layout.anchor, layout.keep, 5)]
+            inputs = build(batch, [0, 1, 2, 3], num_anchors=3, max_blocks=5)
+        assert all(t.device.type == "cpu" for t in made), layout_name
+        for f in dataclasses.fields(flat):
+            assert torch.equal(getattr(flat, f.name), getattr(reference_flat, f.name)), (layout_name, f.name)
+        assert [a.tolist() for a in anchors] == [a.tolist() for a in reference_anchors], layout_name
+        assert inputs.dense_slices == reference.dense_slices and inputs.weight_sum == reference.weight_sum
+        for name in ("block_input_ids", "labels", "label_valid", "loss_weights", "context_positions"):
+            assert torch.equal(getattr(inputs, name), getattr(reference, name)), (layout_name, name)
+        assert torch.equal(inputs.layout.doc_index, reference.layout.doc_index), layout_name
+
+
+def test_document_weight_sum_is_the_built_weight_sum_of_one_document():
+    mask = np.array([0, 1, 1, 0, 1, 1, 1], dtype=np.int64)
+    # block 4, gamma 2: slots weigh 1, e^-1/2, e^-1; the block at 1 loses its slot 2 (masked), the
+    # block at 4 its slot 3 (past the end)
+    expected = (1 + math.exp(-1.0)) + (1 + math.exp(-0.5))
+    assert document_weight_sum(mask, np.array([1, 4]), block_size=4, loss_decay_gamma=2.0) == pytest.approx(
+        expected, rel=1e-7)
+    assert document_weight_sum(torch.from_numpy(mask), [4], block_size=4, loss_decay_gamma=2.0) == pytest.approx(
+        1 + math.exp(-0.5), rel=1e-7)
+    assert document_weight_sum(mask[None], np.array([[1, 4]]), block_size=4,
+                               loss_decay_gamma=2.0) == pytest.approx(expected, rel=1e-7)  # flattened
+    assert document_weight_sum(mask, np.zeros(0, dtype=np.int64), block_size=4, loss_decay_gamma=2.0) == 0.0
+    assert document_weight_sum(mask, [5], block_size=2, loss_decay_gamma=2.0) == 1.0
+    assert document_weight_sum(np.ones(1), [0], block_size=3, loss_decay_gamma=2.0) == 0.0  # wholly past the end
+    # the same sum as DrafterInputs.build, document by document, for drawn anchors
+    tokens, masks = corpus([30, 3, 25, 12])
+    batch = TokenBatch.from_documents(tokens, "packed", masks)
+    for gamma in (1.5, 7.0):
+        inputs = build(batch, [4, 3, 2, 1], loss_decay_gamma=gamma)
+        sums = [document_weight_sum(m.numpy(), a, block_size=BLOCK, loss_decay_gamma=gamma)
+                for m, a in zip(masks, anchors_by_document(inputs))]
+        assert sums[1] == 0.0 and min(sums[0], sums[2], sums[3]) > 1.0
+        assert sum(sums) == pytest.approx(inputs.weight_sum, rel=1e-12)
+
+
+def test_document_anchors_returns_every_candidate_with_its_key_when_few():
+    mask = np.array([1, 1, 1, 0, 1, 1, 1, 1])
+    candidates = anchor_candidates(mask, 3)
+    assert candidates.tolist() == [0, 1, 4, 5] and candidates.dtype == np.int64
+    assert anchor_candidates(mask[None], 3).tolist() == [0, 1, 4, 5]  # a [1, n] row is flattened
+    entropy = np.random.SeedSequence([9, 2, 40, ANCHOR_PURPOSE])
+    keys = np.random.default_rng(entropy).random(4)
+    for num_anchors in (4, 10):
+        positions, got = document_anchors(mask, block_size=3, num_anchors=num_anchors, seed=9, epoch=2,
+                                          sample_index=40)
+        assert positions.tolist() == [0, 1, 4, 5] and got.tolist() == keys.tolist()
+    positions, got = document_anchors(mask, block_size=3, num_anchors=1, seed=9, epoch=2, sample_index=40)
+    assert positions.tolist() == [int(candidates[np.argmin(keys)])] and got.tolist() == [keys.min()]
+    only, only_keys = document_anchors(mask[:3], block_size=3, num_anchors=2, seed=9, epoch=2, sample_index=40)
+    assert only.tolist() == [0] and only_keys.tolist() == keys[:1].tolist()  # a single candidate keeps its key
+    none, none_keys = document_anchors(mask[:2], block_size=3, num_anchors=2, seed=9, epoch=2, sample_index=40)
+    assert none.dtype == np.int64 and none_keys.dtype == np.float64 and none.size == none_keys.size == 0
+    with pytest.raises(ValueError, match=r"^num_anchors must be at least 1, got 0$"):
+        document_anchors(mask, block_size=3, num_anchors=0, seed=9, epoch=2, sample_index=40)
+    for name in ("seed", "epoch", "sample_index"):
+        parts = {"seed": 9, "epoch": 2, "sample_index": 40, name: -3}
+        with pytest.raises(ValueError, match=rf"^{name} must be >= 0 \(it seeds the anchor draw\), got -3$"):
+            document_anchors(mask, block_size=3, num_anchors=2, **parts)
+
+
+def test_key_ties_go_to_the_earlier_position_and_then_the_earlier_document(monkeypatch):
+    """Ties between keys (never in practice) break by position, then document: a stable sort, the same on every
+    platform (numpy's default sort is not stable, and its order differs between CPUs)."""
+    tied = np.tile([0.5, 0.25, 0.75, 0.25], 3)
+
+    class TiedGenerator:
+        def random(self, size):
+            return tied[:size].copy()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np.random, "default_rng", lambda seed: TiedGenerator())
+        positions, keys = document_anchors(np.ones(14), block_size=3, num_anchors=3, seed=0, epoch=0, sample_index=0)
+    assert positions.tolist() == [1, 3, 5] and keys.tolist() == [0.25] * 3
+
+    def tied_anchors(loss_mask, **kwargs):
+        return np.arange(4, dtype=np.int64), tied[:4].copy()
+
+    monkeypatch.setattr(drafter_inputs_module, "document_anchors", tied_anchors)
+    batch = TokenBatch.from_documents([torch.arange(8)] * 3, "packed")
+    capped = build(batch, [0, 1, 2], max_blocks=3)
+    assert anchors_by_document(capped) == [[1, 3], [1], []] and capped.num_blocks_capped == 9
+    assert capped.documents_without_anchor == 0  # every document had candidates; the cap took the last one's
+
+
+def test_the_cap_never_counts_a_document_as_without_anchor():
+    tokens, masks = corpus([40, 40, 5])
+    batch = TokenBatch.from_documents(tokens, "packed", masks)
+    capped = build(batch, [0, 1, 2], num_anchors=8, max_blocks=1)
+    assert capped.num_blocks == 1 and capped.num_blocks_capped == 15 and capped.num_blocks_candidates == 16
+    assert capped.documents_without_anchor == 1  # the 5-token document; the one the cap emptied had candidates
+    one = build(batch, [0, 1, 2], num_anchors=8, max_blocks=16)  # as many as drawn: nothing capped
+    assert one.num_blocks == 16 and one.num_blocks_capped == 0
+
+
+def test_build_refuses_device_batches_and_bad_caps_and_checks_the_vocabulary_bounds():
+    tokens, masks = corpus([9, 5])
+    batch = TokenBatch.from_documents(tokens, "packed", masks)
+    with pytest.raises(ValueError, match=r"^DrafterInputs.build prepares micro-batches on the host; got a batch on "
+                                         r"meta$"):
+        build(batch.to("meta"), [0, 1])
+    with pytest.raises(ValueError, match=r"^max_blocks must be at least 1 or None, got 0$"):
+        build(batch, [0, 1], max_blocks=0)
+    assert build(batch, [0, 1], max_blocks=1).num_blocks == 1
+    with pytest.raises(ValueError, match=r"^3 sample indices for 2 documents in the batch; give one sample index per "
+                                         r"document, in batch order$"):
+        build(batch, [0, 1, 2])
+    edge = [torch.tensor([0, 5, VOCAB - 1, 2]), torch.tensor([1, 2, VOCAB, VOCAB])]
+    assert build(TokenBatch.from_documents(edge[:1], "packed"), [0], vocab_size=VOCAB).num_blocks == 1
+    with pytest.raises(ValueError, match=rf"^token id {VOCAB} at position 2 of document 1 is outside the target "
+                                         rf"vocabulary \[0, {VOCAB}\); tokenize with the target's tokenizer$"):
+        build(TokenBatch.from_documents(edge, "padded"), [0, 1], vocab_size=VOCAB)
+    with pytest.raises(ValueError, match=r"^token id -1 at position 1 of document 0"):
+        build(TokenBatch.from_documents([torch.tensor([3, -1, 4])], "packed"), [0], vocab_size=VOCAB)
+
+
+class _RecordCopies(TorchFunctionMode):
+    """Records every ``Tensor.to`` (device, non_blocking) and turns ``Tensor.pin_memory`` into a recorded clone."""
+
+    def __init__(self):
+        super().__init__()
+        self.moves, self.pinned = [], []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.pin_memory:
+            self.pinned.append(args[0].clone())
+            return self.pinned[-1]
+        if func is torch.Tensor.to:
+            self.moves.append((str(args[1]), bool(kwargs.get("non_blocking", False))))
+        return func(*args, **kwargs)
+
+
+def _tensor_fields(obj):
+    return [getattr(obj, f.name) for f in dataclasses.fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)]
+
+
+def test_to_moves_every_tensor_once_with_the_requested_non_blocking():
+    tokens, masks = corpus([9, 5, 12])
+    inputs = build(TokenBatch.from_documents(tokens, "padded", masks), [0, 1, 2])
+    parts = (inputs.documents, inputs.layout)
+    total = sum(len(_tensor_fields(obj)) for obj in (inputs, *parts))
+    assert [len(_tensor_fields(obj)) for obj in parts] == [6, 4] and total == 15
+    for obj, args, count, non_blocking in ((inputs.documents, (), 6, False), (inputs.documents, (True,), 6, True),
+                                           (inputs.layout, (), 4, False), (inputs, (), total, True),
+                                           (inputs, (False,), total, False)):
+        with _RecordCopies() as record:
+            moved = obj.to("meta", *args)
+        assert record.moves == [("meta", non_blocking)] * count, (type(obj).__name__, args)
+        assert type(moved) is type(obj)
+        for inner in (moved, *((moved.documents, moved.layout) if obj is inputs else ())):
+            assert all(t.device.type == "meta" for t in _tensor_fields(inner))
+    moved = inputs.to("meta")
+    assert moved.layout.block_size == BLOCK and moved.weight_sum == inputs.weight_sum
+    assert moved.dense_slices == inputs.dense_slices and moved.layout.anchor.shape == inputs.layout.anchor.shape
+
+
+def test_pin_memory_pins_every_tensor_only_where_memory_can_be_pinned(monkeypatch):
+    import harness.models.layout as layout_module
+
+    tokens, masks = corpus([9, 5, 12])
+    inputs = build(TokenBatch.from_documents(tokens, "packed", masks), [0, 1, 2])
+    for can_pin in (False, True):
+        monkeypatch.setattr(layout_module, "_can_pin", lambda: can_pin)
+        monkeypatch.setattr(drafter_inputs_module, "_can_pin", lambda: can_pin)
+        for obj in (inputs, inputs.documents, inputs.layout):
+            with _RecordCopies() as record:
+                pinned = obj.pin_memory()
+            if not can_pin:
+                assert pinned is obj and record.pinned == []
+                continue
+            objects = (pinned, pinned.documents, pinned.layout) if obj is inputs else (pinned,)
+            fields = [t for o in objects for t in _tensor_fields(o)]
+            originals = [t for o in ((obj, obj.documents, obj.layout) if obj is inputs else (obj,))
+                         for t in _tensor_fields(o)]
+            assert len(fields) == len(originals) == len(record.pinned)
+            assert all(any(t is p for p in record.pinned) for t in fields)
+            assert all(torch.equal(a, b) for a, b in zip(fields, originals))
+            kept = [f.name for f in dataclasses.fields(obj) if not isinstance(getattr(obj, f.name), torch.Tensor)]
+            assert all(getattr(pinned, name) == getattr(obj, name) for name in kept
+                       if name not in ("documents", "layout"))

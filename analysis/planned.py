@@ -166,9 +166,7 @@ def _pilot_differences(path: Path, pilot_runs: Any, endpoint: str, pilot_seeds: 
     if not isinstance(pilot_runs, str):
         raise ValueError(f"{path}: pilot_runs={pilot_runs!r}: give the pilot's runs.csv as a path relative to the "
                          "repository root, e.g. docs/demo/pilot_runs.csv")
-    from analysis.summary import read_runs_csv
-
-    runs = read_runs_csv(_pilot_file(path, pilot_runs))
+    runs = pd.read_csv(_pilot_file(path, pilot_runs), float_precision="round_trip")  # as analysis.summary reads runs.csv
     missing = [column for column in ("strategy", "seed", endpoint) if column not in runs.columns]
     if missing:
         raise ValueError(f"{path}: pilot_runs {pilot_runs} has no column {missing}: give the pilot's runs.csv "

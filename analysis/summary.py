@@ -9,7 +9,7 @@
 - the differences that survive Holm–Bonferroni over every pair of strategies and headline metric
   (:func:`analysis.stats.compare_pairs`), one line each, or a line saying that none does and why;
 - the disturbed-timing note, when it applies;
-- first of all, with a pre-registration, one sentence per planned contrast (its effect, interval, verdict and power:
+- first of all, with a pre-registration, one sentence per planned contrast (its effect, interval, verdict and design-time power:
   the answer in words), saying whether the seeds are the confirmatory ones; then, when given, what each strategy's
   throughput buys and the mechanism's parts (:mod:`analysis.answer`, from their stored tables).
 
@@ -60,7 +60,7 @@ def read_runs_csv(path: str | Path) -> pd.DataFrame:
 def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = "", answer: Sequence[str] = ()) -> str:
     """The block of the module docstring, from the per-run frame (the columns of ``runs.csv``); with ``plan`` (an
     :class:`analysis.planned.Preregistration`) it opens with one sentence per planned contrast: effect, interval,
-    verdict and power, followed by ``answer`` (:func:`analysis.answer.answer_lines`: the throughput each strategy
+    verdict and design-time power, followed by ``answer`` (:func:`analysis.answer.answer_lines`: the throughput each strategy
     buys and the mechanism's parts, from their stored tables)."""
     opening: list[str] = []
     if plan is not None:

@@ -300,7 +300,7 @@ def main() -> None:
         "hidden states against batchlab's on the same blocks. The `dense` path keeps every score of a "
         "document's slots × heads × context for the backward, per layer; `sdpa` keeps one additive mask of "
         "slots × keys per chunk, shared by the layers and heads "
-        "(`tests/test_drafter_packing.py::test_one_8k_document_trains_in_flat_attention_memory`).", "",
+        "(`tests/harness/models/test_drafter_packing.py::test_one_8k_document_trains_in_flat_attention_memory`).", "",
     ])
     print(section)
     if args.write:

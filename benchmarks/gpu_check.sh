@@ -100,8 +100,8 @@ PY
 }
 
 step_tests() {
-  timeout -k 20 "$1" "$py" -m pytest -q -m gpu tests/test_gpu_kernels.py tests/test_target_packing.py \
-    tests/test_drafter_packing.py tests/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" | tail -3
+  timeout -k 20 "$1" "$py" -m pytest -q -m gpu tests/harness/models/test_gpu_kernels.py tests/harness/models/test_target_packing.py \
+    tests/harness/models/test_drafter_packing.py tests/harness/cli/test_check_cli.py 2>&1 | tee "$out/gpu_tests.log" | tail -3
 }
 
 step_check() {

@@ -34,27 +34,27 @@ GOAL = 0.90
 TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "strategies": (
         ["strategies/*.py"],
-        ["tests/test_strategies.py", "tests/test_strategies_properties.py", "tests/test_strategies_remainder.py",
-         "tests/test_strategies_step_tokens.py", "tests/test_strategy_claims.py", "tests/test_strategy_plugin.py",
-         "tests/test_edges.py", "tests/test_plan_metrics.py", "tests/test_validate.py"],
+        ["tests/strategies/test_strategies.py", "tests/strategies/test_strategies_properties.py", "tests/strategies/test_strategies_remainder.py",
+         "tests/strategies/test_strategies_step_tokens.py", "tests/strategies/test_strategy_claims.py", "tests/strategies/test_strategy_plugin.py",
+         "tests/strategies/test_edges.py", "tests/strategies/test_plan_metrics.py", "tests/strategies/test_validate.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
-        ["tests/test_integrity.py", "tests/test_train_components.py", "tests/test_checkpoint_state.py"],
+        ["tests/harness/train/test_integrity.py", "tests/harness/train/test_train_components.py", "tests/harness/train/test_checkpoint_state.py"],
     ),
     "anchors": (
         ["harness/models/anchors.py", "harness/models/drafter_inputs.py"],
-        ["tests/test_drafter_inputs.py", "tests/test_epoch_draws.py", "tests/test_drafter.py",
-         "tests/test_drafter_packing.py"],
+        ["tests/harness/models/test_drafter_inputs.py", "tests/harness/train/test_epoch_draws.py", "tests/harness/models/test_drafter.py",
+         "tests/harness/models/test_drafter_packing.py"],
     ),
-    "planned": (["analysis/planned.py"], ["tests/test_analysis_planned.py"]),
+    "planned": (["analysis/planned.py"], ["tests/analysis/test_analysis_planned.py"]),
 }
 #: whole training runs (a subprocess or many steps, 8-21 s each) that call nearly every function above: each surviving
 #: mutant would pay for all of them; the unit tests beside them in the same modules cover the same functions
 NOT_RUN = [
-    "tests/test_integrity.py::test_a_run_never_trains_on_a_damaged_cache_entry",
-    "tests/test_epoch_draws.py::test_a_two_epoch_runs_batches_and_anchors_change_with_the_epoch_and_repeat_on_a_rerun",
-    "tests/test_strategy_plugin.py::test_it_trains_and_is_reported_next_to_sorted",
+    "tests/harness/train/test_integrity.py::test_a_run_never_trains_on_a_damaged_cache_entry",
+    "tests/harness/train/test_epoch_draws.py::test_a_two_epoch_runs_batches_and_anchors_change_with_the_epoch_and_repeat_on_a_rerun",
+    "tests/strategies/test_strategy_plugin.py::test_it_trains_and_is_reported_next_to_sorted",
 ]
 #: never mutated: numba compiles these functions, and mutmut's trampolines cannot run inside them
 NOT_MUTATED = ["strategies/kernels.py"]

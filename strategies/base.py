@@ -87,7 +87,7 @@ class Strategy:
       ranked so that ``sorted``, the defect under study, comes first and ``shuffle``, the random
       extreme, last.
     - ``epoch_composition``: how its micro-batches' samples change from one epoch to the next, a
-      claim the generated tests (``tests/test_strategy_claims.py``) measure on its plans: ``"fixed"``
+      claim the generated tests (``tests/strategies/test_strategy_claims.py``) measure on its plans: ``"fixed"``
       (the same micro-batches every epoch), ``"reshuffled"`` (drawn anew: most micro-batches new) or
       ``"bounded"`` (new, with a composition recurrence of at most its ``max_recurrence`` option).
       The order of the micro-batches changes every epoch in every strategy.

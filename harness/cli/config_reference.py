@@ -333,7 +333,7 @@ def render(parts: list[Section]) -> str:
         "",
         "Every key of `batchlab-train`'s configuration, generated from the schemas' attribute docstrings by "
         "`python -m harness.cli.config_reference --write` (`make config-reference`); "
-        "`tests/test_config_reference.py` fails when a key has no doc or this page is stale.",
+        "`tests/harness/cli/test_config_reference.py` fails when a key has no doc or this page is stale.",
         "",
         "Set a key in a group file under `conf/` or on the command line (`batchlab-train trainer.max_tokens=4096`). "
         "The default is the schema's; the group file chosen by default (named under each group) may set another. "

@@ -231,7 +231,7 @@ class Interrupted(RuntimeError):
 
 
 class Collectives:
-    """The only way the package calls a collective (``tests/test_collectives.py`` scans for any other): over
+    """The only way the package calls a collective (``tests/harness/train/test_collectives.py`` scans for any other): over
     ``group`` (None: the whole job), identity on one rank.
 
     ``env`` is the rank's place in that group (a disaggregated run's drafter ranks form their own group, see

@@ -362,7 +362,7 @@ def test_every_column_of_the_plan_table_is_explained_in_the_docs():
     """docs/commands/batchlab-plan.md has a row for each column batchlab-plan prints, naming the metric behind it."""
     from harness.cli.plan import TABLE_COLUMNS
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-plan.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "commands" / "batchlab-plan.md").read_text()
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in docs.splitlines()
             if line.startswith("| ") and line.count("|") == 4}
     for title, key, _ in TABLE_COLUMNS:

@@ -19,7 +19,7 @@ from harness.models.compare import max_relative_difference
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget, TargetFeatures
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "conf" / "target" / "tiny.yaml"
 TOLERANCE = 1e-5
 # lengths include 1 and lengths around the GDN chunk size (64) that it does not divide

@@ -13,7 +13,7 @@ from harness.data import bundled
 from harness.data.config import DataConfig
 from harness.data.samples import heldout_split, load_samples, validation_split
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _conf(path: str) -> dict:

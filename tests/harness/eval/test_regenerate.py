@@ -20,7 +20,7 @@ from harness.eval.regenerate import RegenerateSettings, regenerate
 from harness.eval.speculative import greedy_decode
 from harness.models.target import HybridTarget
 
-TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "conf" / "target" / "tiny.yaml"
 
 
 def samples_of(ids: list[list[int]], masks: list[list[int]], fingerprint: str) -> TokenizedSamples:

@@ -23,7 +23,7 @@ from analysis.planned import (
     planned_results,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "conf" / "preregistration" / "strategies.yaml"
 PILOT = ROOT / "docs" / "demo" / "pilot_runs.csv"  # make pilot's runs.csv: what sized the confirmatory design
 

@@ -189,7 +189,7 @@ WRITE_UNDER_LIMIT = textwrap.dedent("""
 
 def test_a_checkpoint_write_cut_short_by_a_file_size_limit_leaves_the_last_good_one(tmp_path):
     result = subprocess.run([sys.executable, "-c", WRITE_UNDER_LIMIT, str(tmp_path)], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1], timeout=120)
+                            cwd=Path(__file__).resolve().parents[3], timeout=120)
     assert result.returncode == 3, result.stderr[-2000:]
     assert "could not write checkpoint" in result.stdout and "step-00000001.pt) are untouched" in result.stdout
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001.pt", "step-00000001.pt.xxh3"]

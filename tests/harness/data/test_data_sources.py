@@ -196,7 +196,7 @@ def test_the_readmes_own_data_example_builds_three_sources_that_load_alike(tmp_p
 
     from harness.cli import plan as plan_cli
 
-    section = (Path(__file__).resolve().parents[1] / "docs" / "your-data.md").read_text()
+    section = (Path(__file__).resolve().parents[3] / "docs" / "your-data.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S)[1]
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "docs/your-data.md", "exec"), {})  # noqa: S102 - the page's example, as a user runs it

@@ -29,7 +29,7 @@ from harness.models.drafter import DFlashDrafter, load_drafter_config
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

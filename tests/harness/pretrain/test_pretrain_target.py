@@ -26,7 +26,7 @@ from harness.cli import pretrain_target as cli
 from harness.pretrain import target as pretrain
 from harness.pretrain.target import PretrainConfig, ensure_pretrained_target, pretrained_target
 
-TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "conf" / "target" / "tiny.yaml"
 DATA = DataConfig(max_documents=40, vocab_size=300)
 SETTINGS = PretrainConfig(steps=150, max_tokens=512)
 # what the CLI passes: tiny.yaml's keys, vocabulary from the data

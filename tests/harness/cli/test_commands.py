@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 #: the longest a function in a command module may be; validation and work belong in the services
 MAX_COMMAND_FUNCTION_LINES = 60
 

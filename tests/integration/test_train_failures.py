@@ -192,7 +192,7 @@ def test_status_cli_prints_every_rank(tmp_path):
     with RankStatus(tmp_path, 1) as status:
         status.stage("checkpoint", 40)
     out = subprocess.run([sys.executable, "-m", "harness.train.status", str(tmp_path)], capture_output=True,
-                         text=True, check=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))).stdout
+                         text=True, check=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))).stdout
     assert re.match(r"rank 1 \(pid \d+\) in stage 'checkpoint' of step 40, [\d.]+ s ago", out), out
 
 
@@ -207,7 +207,7 @@ def test_status_says_how_a_run_ended(tmp_path):
             "s = RankStatus(sys.argv[1], int(sys.argv[2])); s.stage('setup', 0); s.close()")
     for rank in (0, 1):
         subprocess.run([sys.executable, "-c", code, str(tmp_path), str(rank)], check=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
     with RankStatus(tmp_path, 2) as status:  # this process: alive
         status.stage("drafter_forward", 7)
     (tmp_path / "status" / "rank0.error.json").write_text(json.dumps(

@@ -563,7 +563,7 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     assert cal.drafter_gradient_bytes(config) == 4 * sum(p.numel() for p in model.parameters)
     reference = compose_run_config(["experiment=reference_8gpu", "target.num_hidden_layers=4", "logger=none"])
     size = cal.drafter_gradient_bytes(reference)
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-advise.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "commands" / "batchlab-advise.md").read_text()
     assert f"({size / 1e9:.2f} GB for `reference_8gpu`'s drafter)" in " ".join(readme.split())  # the docs' number
     args = argparse.Namespace(device="cuda", world_size=8, allreduce_gbps=None)
     left_out, note = advice.gradient_allreduce(reference, args)
@@ -667,7 +667,7 @@ def test_every_column_of_the_advice_table_is_explained_in_the_docs():
 
     from harness.advise.predict import Prediction
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "commands" / "batchlab-advise.md").read_text()
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "commands" / "batchlab-advise.md").read_text()
     section = docs[docs.index("**`batchlab-advise`'s tables**"):]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in section.splitlines()
             if line.startswith("| ") and line.count("|") == 4}

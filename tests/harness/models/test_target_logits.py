@@ -17,7 +17,7 @@ from harness.models.config import load_target_config
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget
 
-TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "conf" / "target" / "tiny.yaml"
 TOLERANCE = 1e-5
 LENGTHS = (37, 150, 5, 90)
 

@@ -13,7 +13,7 @@ import yaml
 
 from harness.cli import config_reference as reference
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 CONF = REPO / "conf"
 PAGE = REPO / "docs" / "reference" / "config.md"
 FIX = "run python -m harness.cli.config_reference --write (make config-reference)"

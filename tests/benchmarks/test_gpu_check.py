@@ -17,7 +17,7 @@ import pytest
 from process_support import run_process
 from train_support import read_jsonl
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def gpu_check(out: Path, timeout: float = 120, **env: str):

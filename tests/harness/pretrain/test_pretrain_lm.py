@@ -21,7 +21,7 @@ from harness.models.layout import TokenBatch
 from harness.pretrain import lm
 from harness.pretrain.target import PretrainConfig, learning_rate, trainable_model
 
-TINY = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+TINY = Path(__file__).resolve().parents[3] / "conf" / "target" / "tiny.yaml"
 
 
 def test_labels_stop_at_every_document_end() -> None:

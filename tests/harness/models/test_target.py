@@ -3,7 +3,7 @@
 Covers ``harness/models/config.py`` (config loading, the DFlash tap rule), ``harness/models/target.py``
 (parity with ``Qwen3_5ForCausalLM`` hidden states, checkpoint loading, frozen features, input errors)
 and the throughput benchmark's bookkeeping. Packing and padding exactness live in
-``tests/test_target_packing.py``.
+``tests/harness/models/test_target_packing.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from harness.models.config import build_target_layer_ids, load_target_config
 from harness.models.layout import TokenBatch
 from harness.models.target import HybridTarget, TargetFeatures
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "conf" / "target" / "tiny.yaml"
 TINY_DEEP = REPO / "conf" / "target" / "tiny-deep.yaml"
 TOLERANCE = 1e-5

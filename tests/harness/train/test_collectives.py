@@ -30,7 +30,7 @@ from harness.train.distributed import (
     process_group_backend,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PACKAGE = ("harness", "strategies", "analysis")  # the installed package (pyproject's packages)
 #: torch.distributed's collectives (every rank of a group calls them together)
 COLLECTIVES = frozenset({

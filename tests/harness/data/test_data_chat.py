@@ -417,7 +417,7 @@ def test_regenerating_conversations_replaces_every_reply_and_keeps_the_users_tur
 
     monkeypatch.setenv("BATCHLAB_CACHE", str(tmp_path / "cache"))
     path = write([{"messages": CONVERSATION}, {"messages": CONVERSATION[1:3]}], tmp_path / "chats.jsonl")
-    tiny = Path(__file__).resolve().parents[1] / "conf" / "target" / "tiny.yaml"
+    tiny = Path(__file__).resolve().parents[3] / "conf" / "target" / "tiny.yaml"
     argv = ["--source", str(path), "--tokenizer", str(chat_tokenizer), "--vocab-size", str(VOCAB), "--target",
             str(tiny), "--max-new-tokens", "6", "--no-progress"]
     assert regenerate_cli.main(argv) == 0

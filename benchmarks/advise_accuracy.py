@@ -41,6 +41,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from results_file import cpu_model, write_section  # noqa: E402
 
+from harness.train.launch.compose import epoch_data_config  # noqa: E402
+
 TITLE = "## batchlab-advise: predicted against measured throughput (CPU)"
 CUDA_TITLE = "## batchlab-advise: predicted against measured throughput (CUDA)"
 PLACEMENT_TITLE = "## batchlab-advise: predicted against measured placements (CPU)"
@@ -159,7 +161,8 @@ def calibrated(device: list[str], local_ranks: int) -> tuple:
     config_dict = compose_run_config(["logger=none", "trainer.progress=false", *device])
     config = run_config_from_dict(config_dict)
     samples = load_samples(config.data, progress=False)
-    lengths = samples.lengths[select_rows(config, samples).train_rows].clip(max=config.trainer.max_tokens)
+    rows = select_rows(epoch_data_config(config), samples).train_rows
+    lengths = samples.lengths[rows].clip(max=config.trainer.max_tokens)
     with tempfile.TemporaryDirectory() as scratch:  # measured now, never from the cache
         calibration, _ = calibrate(config_dict, Path(scratch), progress=True, local_ranks=local_ranks)
     return config, lengths, calibration

@@ -76,11 +76,18 @@ def module_of(filename: str) -> str | None:
 
 
 def config_types() -> tuple[type, ...]:
+    """The run config's types: RunConfig, its sections, and the components' own configs cut from it."""
     from harness.data.config import DataConfig
     from harness.models.drafter_config import DrafterConfig
     from harness.train import config
+    from harness.train.feature_cache import FeaturesConfig
+    from harness.train.loop.build import RankConfig
+    from harness.train.loop.epoch_data import EpochDataConfig
+    from harness.train.loop.trainer import LoopConfig
+    from harness.train.rank_models import ModelsConfig, TargetSpec
 
-    sections = [config.RunConfig, DataConfig, DrafterConfig, config.TargetConfig, config.DrafterSchema]
+    sections = [config.RunConfig, DataConfig, DrafterConfig, config.TargetConfig, config.DrafterSchema,
+                TargetSpec, ModelsConfig, FeaturesConfig, EpochDataConfig, LoopConfig, RankConfig]
     sections += [value for value in vars(config).values()
                  if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == config.__name__]
     return tuple(sections)

@@ -41,7 +41,7 @@ GOAL = 0.02
 def timed_run(overrides: list[str], run_dir: Path, launched: float) -> tuple[float, float, int]:
     """(checksum seconds, start-up seconds from ``launched``, a ``time.time()``, bytes checked) of one run in this
     process."""
-    from train_support import compose_config
+    from support.train import compose_config
 
     from harness.data import cache
     from harness.train.launch.run import run

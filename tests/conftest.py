@@ -21,9 +21,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Every rank a test starts, in this process or a fresh one (which inherits the environment), works inside
-# tests/rank_hook.py: the faults a test asks for, a slowed drafter, every rank's consumed samples logged
+# tests/support/rank_hook.py: the faults a test asks for, a slowed drafter, every rank's consumed samples logged
 # (harness.train.rank_hook reads the variable; the package's own runs never set it).
-os.environ["BATCHLAB_RANK_HOOK"] = str(Path(__file__).with_name("rank_hook.py"))
+os.environ["BATCHLAB_RANK_HOOK"] = str(Path(__file__).with_name("support") / "rank_hook.py")
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,8 @@ def batchlab_cache(tmp_path_factory):
 #: does not end on one of them while the other worker idles (longest-processing-time-first scheduling)
 SLOWEST_MODULES = (
     "test_train_disaggregated.py", "test_train_failures.py", "test_train_launch.py", "test_train_resume.py",
-    "test_study_real.py", "test_train_runs.py", "test_train_elastic_resume.py", "test_train_step.py",
+    "test_study_real.py", "test_train_runs.py", "test_train_elastic_resume.py", "test_train_steps_across_ranks.py",
+    "test_train_step.py",
     "test_hf_trainer.py", "test_advise.py", "test_report.py", "test_gpu_check.py", "test_causal_lm_target.py",
     "test_advise_schedule.py", "test_replay.py", "test_readme_block.py", "test_drafter_packing.py",
     "test_collectives.py", "test_pretrain_target.py", "test_analysis_load.py", "test_ablation.py", "test_recipes.py",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
-import analysis_support as support
+from support import analysis as support
 from strategies import available_strategies
 
 NOTEBOOKS = support.REPO / "notebooks"

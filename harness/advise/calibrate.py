@@ -415,14 +415,15 @@ def _measurer(config_dict: dict[str, Any],
 
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import Collectives, RankEnv
+    from harness.train.launch.compose import models_config
     from harness.train.rank_models import DrafterModel, rank_device
 
     config = run_config_from_dict(config_dict)
     env = env or RankEnv()
     all_reduce = env.distributed
     comm = Collectives(env)
-    device = rank_device(config, env)
-    model = DrafterModel(config, device)
+    device = rank_device(config.trainer, env)
+    model = DrafterModel(models_config(config), device)
     optimizer = torch.optim.AdamW(model.parameters, lr=1e-4)
     vocab = int(model.target.embed_tokens.num_embeddings)
     drafter = model.drafter

@@ -82,14 +82,15 @@ def _link_rank(config_dict: dict[str, Any]) -> list[dict]:
     """Rank 0 plays a drafter rank, rank 1 a target rank; rank 0 returns a row per shape."""
     from harness.train.config import run_config_from_dict
     from harness.train.distributed import RankEnv, destroy_process_group, external_launch_env, init_process_group
+    from harness.train.launch.compose import models_config
     from harness.train.rank_models import DrafterModel, rank_device
 
     env = external_launch_env() or RankEnv()
     config = run_config_from_dict(config_dict)
     init_process_group(env, config.trainer.device, 600)
     try:
-        device = rank_device(config, env)
-        model = DrafterModel(config, device)
+        device = rank_device(config.trainer, env)
+        model = DrafterModel(models_config(config), device)
         drafter = model.drafter
         end = _End(device, list(drafter.target_layer_ids), drafter.hidden_size, model.dtype)
         vocab = int(model.target.embed_tokens.num_embeddings)

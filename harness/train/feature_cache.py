@@ -23,8 +23,9 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ import xxhash
 
 from harness.data import cache
 from harness.models.target import TargetFeatures
+from harness.train.rank_models import TARGET_INIT_SEED, TargetSpec, pretrained_target_path
 
 PREFIX = "features"
 FEATURES_FILE = "features.npy"
@@ -41,45 +43,59 @@ ROWS_PER_FORWARD = 8
 ROWS_PER_SAVE = 64
 
 
-def target_identity(config: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FeaturesConfig:
+    """What cached target features depend on besides the data and rows, and where they are kept."""
+
+    target: TargetSpec
+    """The frozen target that computes them."""
+    target_layer_ids: Optional[list[int]]
+    """``drafter.target_layer_ids`` as configured (None: DFlash's rule for the drafter's depth)."""
+    num_hidden_layers: int
+    """``drafter.num_hidden_layers``: the depth DFlash's rule taps for."""
+    precision: str
+    """``trainer.precision``: the target's dtype."""
+    max_tokens: int
+    """``trainer.max_tokens``: a row's features cover its first ``max_tokens`` tokens."""
+    cache_dir: Path
+    """``data.cache_dir`` resolved: where the entries live."""
+
+
+def target_identity(target: TargetSpec) -> dict[str, Any]:
     """What a frozen target's outputs depend on: its checkpoint's files, or its config and init seed."""
-    from harness.train.rank_models import TARGET_INIT_SEED, pretrained_target_path
-
-    if config.target.pretrained:
-        path = Path(pretrained_target_path(config)).expanduser().resolve()
+    if target.pretrained:
+        path = Path(pretrained_target_path(target)).expanduser().resolve()
         return {"checkpoint": cache.path_signature(path)}
-    return {"config": config.target_kwargs, "init_seed": TARGET_INIT_SEED}
+    return {"config": target.kwargs, "init_seed": TARGET_INIT_SEED}
 
 
-#: the run settings the features depend on besides the target and the data, as dotted config keys: the tapped
+#: the run settings the features depend on besides the target and the data, by their config keys: the tapped
 #: layers as configured (``drafter.target_layer_ids``, or DFlash's rule for the drafter's depth, which the target's
 #: identity then fixes), so that a hit needs no target built
-KEY_SETTINGS = ("drafter.target_layer_ids", "drafter.num_hidden_layers", "trainer.precision", "trainer.max_tokens")
+KEY_SETTINGS = {"drafter.target_layer_ids": "target_layer_ids", "drafter.num_hidden_layers": "num_hidden_layers",
+                "trainer.precision": "precision", "trainer.max_tokens": "max_tokens"}
 
 
-def cache_key(config: Any, fingerprint: str, rows: np.ndarray) -> str:
+def cache_key(config: FeaturesConfig, fingerprint: str, rows: np.ndarray) -> str:
     """The entry's key: the target's identity, :data:`KEY_SETTINGS`, the data's fingerprint and the rows."""
-    settings = {}
-    for dotted in KEY_SETTINGS:
-        section, name = dotted.split(".")
-        settings[dotted] = getattr(getattr(config, section), name)
-    return cache.digest({"target": target_identity(config), "settings": settings, "data": fingerprint,
+    settings = {key: getattr(config, name) for key, name in KEY_SETTINGS.items()}
+    return cache.digest({"target": target_identity(config.target), "settings": settings, "data": fingerprint,
                          "rows": np.asarray(rows, dtype=np.int64).tolist(), "version": 3})
 
 
-def ensure_feature_cache(config: Any, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
+def ensure_feature_cache(config: FeaturesConfig, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
                          progress: bool = False) -> tuple[Path, dict, bool]:
     """The cache entry of the target's tapped features of dataset ``rows``: ``(entry, meta, built)``; the target
     (``make_target()``) is built only when the entry is missing."""
     key = cache_key(config, samples.fingerprint, rows)
-    cache_dir = config.data.resolved_cache_dir()
+    cache_dir = config.cache_dir
     partial = cache_dir / f".{PREFIX}-{key}.partial"
 
     def build(tmp: Path) -> dict:
         target = make_target()
         taps = list(target.tap_layer_ids)
         _build_partial(partial, samples, np.asarray(rows, dtype=np.int64), target, taps,
-                       int(config.trainer.max_tokens), progress)
+                       int(config.max_tokens), progress)
         for name in (FEATURES_FILE, INDEX_FILE):
             shutil.move(str(partial / name), str(tmp / name))
         shutil.rmtree(partial, ignore_errors=True)
@@ -215,7 +231,7 @@ class FeatureStore:
         return TargetFeatures(self.taps, [tensor[..., i * hidden:(i + 1) * hidden] for i in range(len(self.taps))])
 
 
-def feature_store(config: Any, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
+def feature_store(config: FeaturesConfig, samples: Any, rows: np.ndarray, make_target: Callable[[], Any],
                   taps: list[int]) -> FeatureStore:
     """The cache entry of ``rows``' features (built first when missing, by ``make_target()``'s target) read back,
     checked to hold the drafter's layers ``taps``."""

@@ -3,7 +3,7 @@
 
 Ranks start as fresh processes (torch elastic, torchrun, srun, submitit) and read their environment, so a test
 can reach into a rank it did not start only this way. Unset (every run but the tests'), nothing is imported
-and nothing changes. The tests' file (``tests/rank_hook.py``) injects failures, slows a drafter down and logs
+and nothing changes. The tests' file (``tests/support/rank_hook.py``) injects failures, slows a drafter down and logs
 the samples each rank consumed; none of that ships in the package.
 """
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from harness.train.config import RunConfig
+from harness.models.drafter_config import DrafterConfig
+from harness.train.config import TrainerConfig
 
 if TYPE_CHECKING:  # the models import transformers' modeling code: the ranks build them, the launcher
     # (which reads EMBEDDED_TARGET and pretrained_target_path only) starts faster without
@@ -27,33 +29,62 @@ TARGET_INIT_SEED = 0
 EMBEDDED_TARGET = "embedded"
 
 
-def pretrained_target_path(config: RunConfig, progress: bool = False) -> str:
+@dataclass(frozen=True)
+class TargetSpec:
+    """The frozen target: where its weights come from, its architecture, and its attention kernels."""
+
+    pretrained: Optional[str] = None
+    """``target.pretrained``: a checkpoint, ``bundled``, ``embedded``, or None for random weights."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The architecture (``Qwen3_5TextConfig`` keyword arguments) of a random-weight or embedded target."""
+    data: Any = None
+    """The run's ``data`` section: the rows an ``embedded`` target pretrains on."""
+    attention_backend: str = "auto"
+    """``trainer.target_attention_backend``."""
+
+
+@dataclass(frozen=True)
+class ModelsConfig:
+    """A rank's models: the frozen target, the drafter's shape and seed, and their precisions."""
+
+    target: TargetSpec
+    """The frozen target."""
+    drafter: DrafterConfig
+    """The drafter's shape (its tapped target layers included)."""
+    seed: int = 0
+    """The drafter's initialisation seed (the run's seed)."""
+    precision: str = "fp32"
+    """``trainer.precision``: the target's and, by default, the drafter's activations."""
+    drafter_precision: Optional[str] = None
+    """``trainer.drafter_precision``: the drafter's activations when they differ from the target's."""
+
+
+def pretrained_target_path(target: TargetSpec, progress: bool = False) -> str:
     """The checkpoint directory ``target.pretrained`` names; ``embedded`` builds or finds the cached one; ``bundled`` is
     the one shipped with the package."""
-    if config.target.pretrained == EMBEDDED_TARGET:
+    if target.pretrained == EMBEDDED_TARGET:
         from harness.pretrain.target import ensure_pretrained_target
 
-        return str(ensure_pretrained_target(config.data, config.target_kwargs, progress=progress))
+        return str(ensure_pretrained_target(target.data, target.kwargs, progress=progress))
     from harness.data import bundled
 
-    if config.target.pretrained == bundled.BUNDLED:  # the shipped one (prepared configs already name its directory)
+    if target.pretrained == bundled.BUNDLED:  # the shipped one (prepared configs already name its directory)
         bundled.verify()
         return str(bundled.target_dir())
     from harness.data import cache
 
-    given = Path(str(config.target.pretrained)).expanduser()
+    given = Path(str(target.pretrained)).expanduser()
     meta = cache.read_meta(given) if given.is_dir() else None
     if meta is not None and not cache.predates_checksums(meta):  # a batchlab cache entry named by its path
         cache.verified_meta(given)
-    return str(config.target.pretrained)
+    return str(target.pretrained)
 
 
-def rank_device(config: RunConfig, env: Any) -> torch.device:
+def rank_device(trainer: TrainerConfig, env: Any) -> torch.device:
     """This rank's device (``cuda:LOCAL_RANK`` or the CPU); sets torch's intra-op threads to its share of the cores.
 
     ``env`` is this rank's place in the whole job: every process of the job on this machine shares its cores (a
     disaggregated drafter rank as much as the target ranks beside it)."""
-    trainer = config.trainer
     torch.set_num_threads(trainer.threads_per_rank or cpu_threads_per_rank(env))
     return torch.device(f"cuda:{env.local_rank}" if trainer.device == "cuda" else "cpu")
 
@@ -65,38 +96,33 @@ def cpu_threads_per_rank(env: Any) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local))
 
 
-def run_dtype(config: RunConfig) -> torch.dtype:
-    """The activations' dtype of target and drafter (``trainer.precision``)."""
-    return torch.bfloat16 if config.trainer.precision == "bf16" else torch.float32
-
-
-def drafter_dtype(config: RunConfig) -> torch.dtype:
-    """The drafter's activations' dtype (``trainer.drafter_precision``, else ``trainer.precision``)."""
-    precision = config.trainer.drafter_precision or config.trainer.precision
+def precision_dtype(precision: str) -> torch.dtype:
+    """The activations' dtype of a precision setting (``trainer.precision``: ``bf16`` or ``fp32``)."""
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def build_target(config: RunConfig, dtype: torch.dtype, device: torch.device) -> HybridTarget | CausalLMTarget:
-    """The run's frozen target (fixed init seed for a random-weight one): the same on every rank and strategy."""
+def build_target(target: TargetSpec, drafter: DrafterConfig, dtype: torch.dtype,
+                 device: torch.device) -> HybridTarget | CausalLMTarget:
+    """The run's frozen target (fixed init seed for a random-weight one), tapped where ``drafter`` reads it: the
+    same on every rank and strategy."""
     from harness.models.target import HybridTarget
 
-    drafter_cfg = config.drafter_config
     torch.manual_seed(TARGET_INIT_SEED)
-    if config.target.pretrained:  # a Qwen3.5-style hybrid checkpoint, or any transformers causal LM (or GGUF file)
+    if target.pretrained:  # a Qwen3.5-style hybrid checkpoint, or any transformers causal LM (or GGUF file)
         from harness.models.causal_lm_target import load_target
 
         return load_target(
-            pretrained_target_path(config), dtype=dtype, device=device, tap_layer_ids=drafter_cfg.target_layer_ids,
-            num_draft_layers=drafter_cfg.num_hidden_layers, attention_backend=config.trainer.target_attention_backend)
-    return HybridTarget(config.target_kwargs, tap_layer_ids=drafter_cfg.target_layer_ids,
-                        num_draft_layers=drafter_cfg.num_hidden_layers, dtype=dtype,
-                        attention_backend=config.trainer.target_attention_backend).to(device)
+            pretrained_target_path(target), dtype=dtype, device=device, tap_layer_ids=drafter.target_layer_ids,
+            num_draft_layers=drafter.num_hidden_layers, attention_backend=target.attention_backend)
+    return HybridTarget(target.kwargs, tap_layer_ids=drafter.target_layer_ids,
+                        num_draft_layers=drafter.num_hidden_layers, dtype=dtype,
+                        attention_backend=target.attention_backend).to(device)
 
 
-def draft_vocabulary(config: RunConfig, target_vocab_size: int, training_samples: Any = None) -> Any:
-    """The run's :class:`~harness.models.draft_vocab.DraftVocabulary` (None without ``drafter.draft_vocab_size``):
-    the most frequent labels of ``training_samples``, or the first tokens when none are given."""
-    size = config.drafter.draft_vocab_size
+def draft_vocabulary(size: int | None, target_vocab_size: int, training_samples: Any = None) -> Any:
+    """The run's :class:`~harness.models.draft_vocab.DraftVocabulary` of ``size`` tokens (``drafter.draft_vocab_size``;
+    None: the whole vocabulary): the most frequent labels of ``training_samples``, or the first tokens when none
+    are given."""
     if size is None:
         return None
     from harness.models.draft_vocab import DraftVocabulary
@@ -129,20 +155,21 @@ class DrafterModel:
     :meth:`distribute` wraps the objective in DDP over the training ranks' group with the summing
     communication hook (the loss is already normalised by the global step's weight)."""
 
-    def __init__(self, config: RunConfig, device: torch.device, training_samples: Any = None) -> None:
+    def __init__(self, config: ModelsConfig, device: torch.device, training_samples: Any = None) -> None:
         """``training_samples``: the run's training rows as ``(input_ids, loss_mask)`` pairs, from which a draft
         vocabulary (``drafter.draft_vocab_size``) takes its most frequent labels; without them (a calibration)
         any rows of the head cost the same, and the first ones are taken."""
         self.device = device
-        self.dtype = run_dtype(config)
-        self.drafter_dtype = drafter_dtype(config)
-        self.target = build_target(config, self.dtype, device)
+        self.dtype = precision_dtype(config.precision)
+        self.drafter_dtype = precision_dtype(config.drafter_precision or config.precision)
+        self.target = build_target(config.target, config.drafter, self.dtype, device)
         from harness.models.drafter import DFlashDrafter
 
-        draft_vocab = draft_vocabulary(config, self.target.lm_head.out_features, training_samples)
+        draft_vocab = draft_vocabulary(config.drafter.draft_vocab_size, self.target.lm_head.out_features,
+                                       training_samples)
         torch.manual_seed(config.seed)
         # fp32 master weights whatever the target's dtype; bf16 runs use autocast
-        self.drafter = DFlashDrafter(config.drafter_config, self.target.embed_tokens, self.target.lm_head,
+        self.drafter = DFlashDrafter(config.drafter, self.target.embed_tokens, self.target.lm_head,
                                      self.target.num_layers, draft_vocab, self.target.final_norm
                                      ).to(device=device, dtype=torch.float32)
         self.objective: torch.nn.Module = DrafterObjective(self.drafter)

@@ -8,9 +8,9 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from train_support import sweep_params
+from support.train import sweep_params
 
-import analysis_support as support
+from support import analysis as support
 from analysis.ablation import (
     EQUAL,
     FIXED,
@@ -74,7 +74,7 @@ def test_the_ablation_experiment_sweeps_both_modes_and_keeps_the_main_jobs_setti
     params = sweep_params(["experiment=ablation_steps"])
     assert params["step_mode"] == "equal_tokens,fixed_accumulation" and params["strategy"] == "packed,shuffle"
     assert list(params)[0] == "seed"  # the arms interleaved within each seed
-    from train_support import compose_config
+    from support.train import compose_config
 
     main_job = compose_config(["experiment=strategies", "strategy=packed"])
     for mode, (step_tokens, grad_accum) in {"equal_tokens": (4096, 1), "fixed_accumulation": (None, 2)}.items():
@@ -181,7 +181,7 @@ def test_the_mechanism_experiment_sweeps_both_normalisers_and_keeps_the_main_job
     params = sweep_params(["experiment=ablation_normaliser"])
     assert params["optim.loss_normaliser"] == "step,epoch" and params["strategy"] == "sorted,bucketed,packed"
     assert list(params)[0] == "seed"
-    from train_support import compose_config
+    from support.train import compose_config
 
     main_job = compose_config(["experiment=strategies", "strategy=sorted"])
     config = compose_config(["experiment=ablation_normaliser", "strategy=sorted", "optim.loss_normaliser=epoch"])

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis_support import REPO
+from support.analysis import REPO
 
 from analysis.answer import answer_lines, mechanism_sentences, read_throughput_rounds, throughput_sentence
 from harness.cli.report import main

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import analysis_support as support
+from support import analysis as support
 from analysis.compare import comparison_sentences, format_table, strategy_table, summary_sentences, tokens_to_reach
 from analysis.stats import (
     STALL_MAX,

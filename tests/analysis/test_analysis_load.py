@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis.load import SweepError, flatten, history_from_wandb, load_sweeps, load_wandb_group
-import analysis_support as support
+from support import analysis as support
 
 
 @pytest.fixture(scope="session")

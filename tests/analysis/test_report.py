@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import analysis_support as support
-from process_support import run_process
+from support import analysis as support
+from support.process import run_process
 from harness.cli.report import main
 from analysis.figures import FIGURES
 from analysis.summary import read_runs_csv, summary_markdown

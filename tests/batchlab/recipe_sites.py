@@ -52,7 +52,7 @@ def installed_site(name: str) -> Path:
     """The folder holding the trainer ``name``; the test is skipped, with pip's own last error line, where it cannot
     be installed (no network, no such release)."""
     import pytest
-    from process_support import run_process
+    from support.process import run_process
 
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "10", "PIP_RETRIES": "0"}
     try:
@@ -68,7 +68,7 @@ def run_recipe(name: str, tmp_path: Path, timeout: float = 150) -> dict:
     """The page's block saved as ``train_batchlab.py`` and run by this module's driver for ``name`` in a fresh
     process: what the driver found (the test is skipped where the trainer itself cannot be imported)."""
     import pytest
-    from process_support import failure_text, run_process
+    from support.process import failure_text, run_process
 
     site = installed_site(name)
     (tmp_path / "train_batchlab.py").write_text(page_block(name))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from process_support import run_process
+from support.process import run_process
 
 pytest.importorskip("transformers")
 pytest.importorskip("torchdata")

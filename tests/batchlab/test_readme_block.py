@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from process_support import run_process
+from support.process import run_process
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

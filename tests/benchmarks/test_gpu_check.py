@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from process_support import run_process
-from train_support import read_jsonl
+from support.process import run_process
+from support.train import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pandas as pd
-from real_files import real_file
-from train_support import REPO, train_cli
+from support.real_files import real_file
+from support.train import REPO, train_cli
 
 
 def test_the_study_command_runs_end_to_end_on_the_real_model_and_data(tmp_path):

@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 import pytest
-from process_support import failure_text, stop_group
-from rank_hook import DRAFTER_DELAY_ENV
-from train_support import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
+from support.process import failure_text, stop_group
+from support.rank_hook import DRAFTER_DELAY_ENV
+from support.train import assert_same_records, assert_same_summary, compose_config, read_jsonl, train_cli
 
 from harness.train.config import run_config_from_dict
 from harness.train.launch.run import run

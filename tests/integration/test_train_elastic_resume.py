@@ -18,8 +18,8 @@ import sys
 
 import pytest
 import torch
-from process_support import failure_text
-from train_support import (
+from support.process import failure_text
+from support.train import (
     assert_same_records,
     assert_same_summary,
     compose_config,

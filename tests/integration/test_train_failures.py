@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from process_support import failure_text, run_process
-from train_support import assert_same_records, assert_same_summary, read_jsonl, train_cli
+from support.process import failure_text, run_process
+from support.train import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
 from harness.train.loop.checkpoint import component_state, latest_checkpoint, load_checkpoint
 from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
-from rank_hook import TEST_FAIL_ENV
+from support.rank_hook import TEST_FAIL_ENV
 
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",
@@ -101,7 +101,7 @@ def test_exception_in_a_rank_is_named_with_its_stage_and_step(tmp_path, batchlab
     traceback_file = run_dir / "status" / "rank1.traceback"
     assert str(traceback_file) in message
     text = traceback_file.read_text()
-    assert 'tests/rank_hook.py", line' in text  # the rank's own traceback, with the stage noted on the exception
+    assert 'tests/support/rank_hook.py", line' in text  # the rank's own traceback, with the stage noted on the exception
     assert f"batchlab: rank 1 failed in stage 'target_forward' of step {FAIL_STEP}" in text
     _assert_checkpoint_survives(run_dir, FAIL_STEP - 1)
 
@@ -224,7 +224,7 @@ def test_status_says_how_a_run_ended(tmp_path):
 
 
 def test_malformed_test_failure_spec_is_refused(monkeypatch):
-    from rank_hook import failure_spec as _test_failure
+    from support.rank_hook import failure_spec as _test_failure
 
     monkeypatch.setenv(TEST_FAIL_ENV, "1:five:target_forward:kill")
     with pytest.raises(ValueError, match="RANK:STEP:STAGE:MODE"):

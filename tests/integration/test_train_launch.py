@@ -7,10 +7,10 @@ import re
 
 import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - a declared dependency: a broken install fails here
 import pytest
-from process_support import failure_text, stop_group
-from train_support import assert_same_records, assert_same_summary, train_cli
+from support.process import failure_text, stop_group
+from support.train import assert_same_records, assert_same_summary, train_cli
 
-from rank_hook import TEST_FAIL_ENV
+from support.rank_hook import TEST_FAIL_ENV
 
 
 def _compose_with_hydra(overrides):

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from process_support import failure_text
-from train_support import (
+from support.process import failure_text
+from support.train import (
     assert_same_records,
     assert_same_summary,
     compose_config,
@@ -23,7 +23,7 @@ from train_support import (
 )
 
 from harness.train.loop.checkpoint import FingerprintMismatch, checkpoint_paths
-from rank_hook import TEST_FAIL_ENV
+from support.rank_hook import TEST_FAIL_ENV
 from harness.train.launch.run import RunDirectoryInUse, run
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end

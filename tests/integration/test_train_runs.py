@@ -6,8 +6,8 @@ import math
 from collections import Counter
 
 import pytest
-from process_support import failure_text, run_process
-from train_support import read_jsonl, train_cli
+from support.process import failure_text, run_process
+from support.train import read_jsonl, train_cli
 
 from analysis.wandb_offline import read_offline_run
 from harness.train.loop.checkpoint import checkpoint_paths

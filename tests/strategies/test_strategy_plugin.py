@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
-from train_support import compose_config, read_jsonl, sweep_params
+from support.train import compose_config, read_jsonl, sweep_params
 
 from harness.data.profiles import lognormal_lengths
 from strategies import (

@@ -35,6 +35,7 @@ from harness.train.distributed import (
     init_process_group,
     launch,
 )
+from harness.train.launch.compose import epoch_data_config, features_config, rank_config, target_spec
 from harness.train.launch.inputs import preparing, with_bundled_target, with_regenerated_completions
 from harness.train.launch.run_log import RUN_LOG, copied_to
 from harness.train.loop.epoch_data import select_rows
@@ -149,10 +150,10 @@ def _run_hooked_rank(config_dict: dict[str, Any], run_dir: str, env: RankEnv) ->
         if placement.trains:
             from harness.train.loop.build import build_trainer
 
-            trainer = build_trainer(config, run_dir, placement, config_dict)
+            trainer = build_trainer(rank_config(config), run_dir, placement, config_dict)
             summary = trainer.train()
         else:  # e.g. a target rank of topology=disaggregated
-            worker = placement_kind(placement.kind).worker(config, placement, run_dir)
+            worker = placement_kind(placement.kind).worker(rank_config(config), placement, run_dir)
             summary = worker.run()
         if summary["status"] == "complete":
             # every rank leaves together: a rank that closes its gloo connections while a peer still reads its
@@ -180,12 +181,15 @@ def _feature_cache(config: Any, samples: Any, rows: Any) -> str:
     import torch
 
     from harness.train.feature_cache import ensure_feature_cache
-    from harness.train.rank_models import build_target, run_dtype
+    from harness.train.rank_models import build_target, precision_dtype
 
     device = torch.device("cuda" if config.trainer.device == "cuda" else "cpu")
-    entry, meta, built = ensure_feature_cache(config, samples, rows,
-                                              lambda: build_target(config, run_dtype(config), device),
-                                              progress=config.trainer.progress)
+    features = features_config(config)
+
+    def make_target() -> Any:
+        return build_target(features.target, config.drafter_config, precision_dtype(features.precision), device)
+
+    entry, meta, built = ensure_feature_cache(features, samples, rows, make_target, progress=config.trainer.progress)
     return f"{meta['rows']:,} rows, {meta['tokens']:,} tokens, {'built' if built else 'from the cache'}: {entry}"
 
 
@@ -382,14 +386,14 @@ def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dic
             done(f"{len(samples):,} samples: {samples.source}")
         if samples.tokenizer_path:
             print(f"batchlab-train: tokenizer ✓ {samples.tokenizer_path}", flush=True)
-        selection = select_rows(config, samples)  # bad data (oversize=error, nothing left) is bad input, found here
+        selection = select_rows(epoch_data_config(config), samples)  # bad data (oversize=error, nothing left) is bad input, found here
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", config_dict)
     if config.target.pretrained == EMBEDDED_TARGET:
         with preparing("target") as done:
-            done(pretrained_target_path(config, progress=config.trainer.progress))
+            done(pretrained_target_path(target_spec(config), progress=config.trainer.progress))
     if config.trainer.target_features == "cached":  # once, before the ranks: they read it
         with preparing("target features") as done:
             done(_feature_cache(config, samples, selection.train_rows))

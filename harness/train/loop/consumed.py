@@ -26,7 +26,7 @@ class ConsumedSamples:
     # ---------------------------------------------------------------- counting
     def add(self, batches: list[Any], step: int, epoch: int, step_in_epoch: int) -> None:  # noqa: ARG002
         """The micro-batches of optimizer step ``step`` (counted from 1; step ``step_in_epoch`` of epoch ``epoch``)
-        were trained on. (Where is for a rank hook's log: ``tests/rank_hook.py`` writes every rank's rows.)"""
+        were trained on. (Where is for a rank hook's log: ``tests/support/rank_hook.py`` writes every rank's rows.)"""
         for batch in batches:
             np.add.at(self.counts, batch.sample_indices.numpy(), 1)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -25,13 +25,40 @@ from harness.data.samples import (
     validate_samples,
     validation_split,
 )
-from harness.train.config import RunConfig
+from harness.data.config import DataConfig
+from harness.models.drafter_config import DrafterConfig
+from harness.train.config import TrainerConfig
 from harness.train.loop import checkpoint as ckpt
+from harness.train.rank_models import EMBEDDED_TARGET, TargetSpec, pretrained_target_path
 from strategies import Budget, CostModel, Plan, build_strategy, plan_remainder
 from strategies.metrics import plan_metrics
 
 #: the held-out length terciles, shortest first (evaluated separately: forgetting shows per length range)
 LENGTH_GROUPS = ("short", "mid", "long")
+
+
+@dataclass(frozen=True)
+class EpochDataConfig:
+    """What a run's data by epoch is built from: the samples, their checks, the strategy and the step's shape."""
+
+    data: DataConfig
+    """The samples and their split (``data``)."""
+    target: TargetSpec
+    """The target whose vocabulary every token id must lie in."""
+    drafter: DrafterConfig
+    """The drafter's blocks: a sample needs a position to anchor one; the plan's fingerprint records them."""
+    trainer: TrainerConfig
+    """The budget, oversize policy, accumulation, step size, stop condition and ACF lags (``trainer``)."""
+    strategy: str = "sorted"
+    """The strategy's registered name."""
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    """Its options (the strategy group's keys but ``name`` and the balancing ones)."""
+    balance: Optional[dict[str, Any]] = None
+    """Rank balancing (``{"window_steps": n}``), or None."""
+    seed: int = 0
+    """The run's seed: the strategy's random choices."""
+    eval_split: str = "heldout"
+    """``eval.split``: the rows the evaluator evaluates."""
 
 
 @dataclass(frozen=True)
@@ -75,27 +102,25 @@ class Selection:
             f" ({', '.join(left_out)})" if left_out else "")
 
 
-def target_vocab_size(config: RunConfig) -> int:
+def target_vocab_size(target: TargetSpec) -> int:
     """The vocabulary every token id must lie in: a pretrained checkpoint's own (from its config), else the
     random-weight or embedded target's ``target.vocab_size`` (0: unknown, not checked)."""
-    from harness.train.rank_models import EMBEDDED_TARGET, pretrained_target_path
-
-    pretrained = config.target.pretrained
+    pretrained = target.pretrained
     if pretrained and pretrained != EMBEDDED_TARGET:  # the embedded target follows the data, as a random one does
         from harness.models.causal_lm_target import checkpoint_vocab_size
 
-        return checkpoint_vocab_size(pretrained_target_path(config))  # (``bundled``: the shipped checkpoint)
-    return int(config.target_kwargs.get("vocab_size") or 0)
+        return checkpoint_vocab_size(pretrained_target_path(target))  # (``bundled``: the shipped checkpoint)
+    return int(target.kwargs.get("vocab_size") or 0)
 
 
-def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
+def select_rows(config: EpochDataConfig, samples: TokenizedSamples) -> Selection:
     """Validate both splits and apply ``trainer.oversize`` ("drop" leaves samples out, counted; "truncate"
     shortens them to the budget; "error" names the first one). Run once before any rank starts (bad data is
     bad input) and again by every rank; a ValueError names the sample, the setting and the fix."""
-    vocab_size = target_vocab_size(config)
+    vocab_size = target_vocab_size(config.target)
     train_rows, heldout_rows = heldout_split(len(samples), config.data)
     train_rows, validation_rows = validation_split(train_rows, config.data)
-    check = dict(vocab_size=vocab_size, block_size=config.drafter_config.block_size, no_anchor=config.data.no_anchor)
+    check = dict(vocab_size=vocab_size, block_size=config.drafter.block_size, no_anchor=config.data.no_anchor)
     train_report = validate_samples(samples, train_rows, **check)
     heldout_report = validate_samples(samples, heldout_rows, **check)
     validation_report = validate_samples(samples, validation_rows, **check)
@@ -129,7 +154,7 @@ def select_rows(config: RunConfig, samples: TokenizedSamples) -> Selection:
 class EpochData:
     state_version = 1
 
-    def __init__(self, config: RunConfig, comm: Any, progress: bool = False) -> None:
+    def __init__(self, config: EpochDataConfig, comm: Any, progress: bool = False) -> None:
         self.config = config
         self.env = comm.env
         if not self.env.is_main:  # rank 0 builds any cache first; the others read it
@@ -137,21 +162,21 @@ class EpochData:
         self.samples: TokenizedSamples = load_samples(config.data, progress=progress)
         if self.env.is_main:
             comm.barrier()
-        drafter = config.drafter_config
+        drafter = config.drafter
         self.selection = select_rows(config, self.samples)
         self.train_report, self.heldout_report = self.selection.train_report, self.selection.heldout_report
         self.train_rows, self.heldout_rows = self.selection.train_rows, self.selection.heldout_rows
         self.validation_rows = self.selection.validation_rows
         # what the evaluator evaluates (eval.split): the held-out test rows, or the validation rows when tuning
-        self.eval_rows = self.validation_rows if config.eval.split == "validation" else self.heldout_rows
+        self.eval_rows = self.validation_rows if config.eval_split == "validation" else self.heldout_rows
         self.oversize_dropped, self.oversize_truncated = self.selection.oversize_dropped, self.selection.oversize_truncated
         self.budget = Budget(config.trainer.max_tokens, config.trainer.max_samples)
         self.train_lengths = np.minimum(self.samples.lengths[self.train_rows], self.budget.max_tokens)
-        self.strategy = build_strategy(config.strategy_name, **config.strategy_options)
+        self.strategy = build_strategy(config.strategy, **config.strategy_options)
         self.fingerprint = ckpt.plan_fingerprint(
             lengths_sha256=ckpt.lengths_hash(self.train_lengths, self.train_rows),
             data_fingerprint=self.samples.fingerprint, max_tokens=self.budget.max_tokens,
-            max_samples=self.budget.max_samples, strategy=config.strategy_name,
+            max_samples=self.budget.max_samples, strategy=config.strategy,
             strategy_options=config.strategy_options, balance=config.balance, oversize=config.trainer.oversize,
             world_size=self.env.world_size, grad_accum=config.trainer.grad_accum, seed=config.seed,
             block_size=drafter.block_size, num_anchors=drafter.num_anchors, max_blocks=drafter.max_blocks,
@@ -255,7 +280,7 @@ class EpochData:
     def plan_record(self, plan: Plan) -> tuple[dict[str, Any], list[float] | None]:
         """The epoch's plan metrics as ``plan_*`` record entries (ACF of step mean length, recurrence, mix), and the
         ACF by lag (for a W&B table)."""
-        drafter = self.config.drafter_config  # the drafter's block term counts this run's blocks
+        drafter = self.config.drafter  # the drafter's block term counts this run's blocks
         cost = CostModel(block_size=drafter.block_size, num_anchors=drafter.num_anchors)
         metrics = plan_metrics(plan, next_epoch_plan=self.plan_epoch(plan.epoch + 1),
                                acf_lags=self.config.trainer.acf_lags, cost_model=cost)

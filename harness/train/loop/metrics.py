@@ -199,26 +199,25 @@ class MetricLogger:
             sink.close(failed)
 
 
-def build_logger(config: Any, run_dir: Path, is_main: bool, resumed_step: int | None,
-                 config_dict: dict[str, Any]) -> MetricLogger:
-    """Rank 0's logger: ``metrics.jsonl`` (truncated to ``resumed_step`` on resume) and, when configured, W&B
-    (the same W&B run id for the same run directory, so a resumed run continues its W&B run); other ranks get
-    a logger without sinks. W&B failing to start warns and leaves metrics.jsonl alone."""
+def build_logger(logger: Any, run_dir: Path, is_main: bool, resumed_step: int | None, config_dict: dict[str, Any],
+                 *, group: str, name: str, job_type: str) -> MetricLogger:
+    """Rank 0's logger (``logger``: the run's ``logger`` section): ``metrics.jsonl`` (truncated to ``resumed_step``
+    on resume) and, when configured, W&B under ``group``, ``name`` and ``job_type`` (the same W&B run id for the
+    same run directory, so a resumed run continues its W&B run); other ranks get a logger without sinks. W&B failing
+    to start warns and leaves metrics.jsonl alone."""
     if not is_main:
         return MetricLogger()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     sinks: list[MetricSink] = [JsonlSink(run_dir, resume_after_step=resumed_step)]
-    logger = config.logger
     if logger.wandb and logger.mode != "disabled":
         id_file = run_dir / WANDB_ID_FILE
         if not id_file.exists():
             id_file.write_text(secrets.token_hex(4))
         try:
             sinks.append(WandbSink(
-                run_dir, project=logger.project, entity=logger.entity, group=config.group, name=config.name,
-                job_type=config.strategy_name, tags=logger.tags, config=config_dict, mode=logger.mode,
-                run_id=id_file.read_text().strip(), resume=resumed_step is not None))
+                run_dir, project=logger.project, entity=logger.entity, group=group, name=name, job_type=job_type,
+                tags=logger.tags, config=config_dict, mode=logger.mode, run_id=id_file.read_text().strip(), resume=resumed_step is not None))
         except Exception as error:  # noqa: BLE001 - W&B must never stop a run
             warnings.warn(f"W&B could not start ({type(error).__name__}: {error}); logging to metrics.jsonl only",
                           stacklevel=2)

@@ -13,12 +13,12 @@ from harness.train.loop.metrics import METRICS_FILE, read_metrics
 
 def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrupted: bool, wall_time: float,
                 seen_at_most_once: bool, extra: dict[str, Any], run_dir: Path | None) -> dict[str, Any]:
-    """The run's summary: what it was, what it saw, whether every sample was seen exactly once, its last eval,
-    ``extra`` (the components' own entries) and, given ``run_dir`` (rank 0), the :func:`step_averages` of its
-    ``metrics.jsonl``."""
+    """The run's summary: what it was (``config``: the loop's :class:`~harness.train.loop.trainer.LoopConfig`), what
+    it saw, whether every sample was seen exactly once, its last eval, ``extra`` (the components' own entries)
+    and, given ``run_dir`` (rank 0), the :func:`step_averages` of its ``metrics.jsonl``."""
     summary = {
         "status": "interrupted" if interrupted else "complete",
-        "strategy": config.strategy_name, "seed": config.seed, "group": config.group, "name": config.name,
+        "strategy": config.strategy, "seed": config.seed, "group": config.group, "name": config.name,
         "world_size": world_size, "grad_accum": config.trainer.grad_accum, "max_tokens": data.budget.max_tokens,
         "layout": data.strategy.layout, "tokens_seen": state.tokens_seen, "samples_seen": state.samples_seen,
         "steps": state.global_step, "epochs": state.tokens_seen / data.epoch_tokens, "epoch_tokens": data.epoch_tokens,
@@ -33,7 +33,7 @@ def run_summary(*, config: Any, world_size: int, data: Any, state: Any, interrup
         "dropped_no_anchor": int(data.train_report.dropped_no_anchor.size),
         "dropped_oversize": data.oversize_dropped, "truncated_oversize": data.oversize_truncated,
         "data_fingerprint": data.samples.fingerprint, "plan_fingerprint": data.fingerprint,
-        "target": target_name(config.target.pretrained),
+        "target": target_name(config.target),
     }
     summary.update(state.last_eval)
     summary.update(extra)

@@ -26,12 +26,14 @@ import os
 import resource
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
+from harness.train.config import CheckpointConfig, EvalConfig, TrainerConfig
 from harness.train.loop.cadence import Cadence
 from harness.train.loop.checkpoint import CHECKPOINT_DIR
 from harness.train.loop.evaluator import EVALUATED_ROWS
@@ -43,7 +45,6 @@ from strategies import Plan
 if TYPE_CHECKING:  # the components, typed by what the trainer asks of them
     from pathlib import Path
 
-    from harness.train.config import RunConfig
     from harness.train.distributed import Collectives
     from harness.train.loop.checkpoint import CheckpointManager
     from harness.train.loop.consumed import ConsumedSamples
@@ -67,8 +68,32 @@ class NonFiniteLoss(RuntimeError):
     """A step's loss or gradient norm is not finite; the last good checkpoint is kept."""
 
 
+@dataclass(frozen=True)
+class LoopConfig:
+    """What the training loop reads itself: the run's names, clipping, its cadences and its summary's settings."""
+
+    name: str
+    """The run's name (messages, the progress bar, the summary)."""
+    group: str
+    """The run's W&B group (the summary)."""
+    strategy: str
+    """The strategy's name (messages, the summary)."""
+    seed: int
+    """The run's seed (messages, the summary)."""
+    grad_clip: float
+    """``optim.grad_clip``: the gradient norm clipped to (0: no clipping)."""
+    eval: EvalConfig
+    """When to evaluate, and on which split."""
+    checkpoint: CheckpointConfig
+    """When to checkpoint."""
+    trainer: TrainerConfig
+    """The progress bar, and the step settings the summary records."""
+    target: Optional[str] = None
+    """``target.pretrained`` (the summary names the target)."""
+
+
 class Trainer:
-    def __init__(self, *, config: RunConfig, run_dir: Path, comm: Collectives, status: RankStatus, data: EpochData,
+    def __init__(self, *, config: LoopConfig, run_dir: Path, comm: Collectives, status: RankStatus, data: EpochData,
                  model: DrafterModel, optimizer: torch.optim.Optimizer, schedule: TokenCosineSchedule,
                  source: FeatureSource, grads: GradientStatistics, evaluator: Evaluator, consumed: ConsumedSamples,
                  checkpoints: CheckpointManager, logger: MetricSink, state: TrainState,
@@ -208,7 +233,7 @@ class Trainer:
             self.grads.micro_batch_done(batch.weight_sum)
         self.status.stage("optimizer", step)  # gradient statistics, clipping, metrics gather, step
         grad_record = self.grads.end_step(weight, local_weight, divisor)
-        clip = self.config.optim.grad_clip
+        clip = self.config.grad_clip
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters, clip if clip > 0 else math.inf))
         mine = StepStats.measure(batches, total, step_time=time.perf_counter() - started, data_wait=data_wait,
                                  target_time=target_time, drafter_time=drafter_time,
@@ -280,7 +305,7 @@ class Trainer:
             return
         data, config = self.data, self.config
         print(
-            f"batchlab-train: {config.name} ({config.strategy_name}, seed {config.seed}) on "
+            f"batchlab-train: {config.name} ({config.strategy}, seed {config.seed}) on "
             f"{self.env.world_size} rank(s), {self.model.device.type}: {data.selection_words()}, "
             f"{data.epoch_tokens:,} tokens an epoch, {data.heldout_rows.size} held out"
             + (f", {data.validation_rows.size} for validation" if data.validation_rows.size else "")

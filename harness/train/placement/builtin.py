@@ -27,7 +27,7 @@ class Colocated(PlacementKind):
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> LocalTarget:  # noqa: ARG002
         from harness.train.placement.feature_source import CachedFeatures, LocalTarget
 
-        return (CachedFeatures if inputs.config.trainer.target_features == "cached" else LocalTarget)(inputs)
+        return (CachedFeatures if inputs.trainer.target_features == "cached" else LocalTarget)(inputs)
 
 
 @register_placement
@@ -54,12 +54,16 @@ class Disaggregated(PlacementKind):
     def feature_source(self, placement: Placement, inputs: SourceInputs) -> Any:
         from harness.train.placement.drafter_link import DrafterLink
 
-        return DrafterLink(placement, inputs.config.topology, inputs)
+        return DrafterLink(placement, inputs.topology, inputs)
 
     def worker(self, config: Any, placement: Placement, run_dir: str) -> Any:
-        """A target rank: the frozen target, feeding the drafter ranks."""
+        """A target rank (``config``: the rank's :class:`~harness.train.loop.build.RankConfig`): the frozen target,
+        feeding the drafter ranks."""
         from harness.train.placement.target_producer import TargetProducer
-        from harness.train.rank_models import build_target, rank_device, run_dtype
+        from harness.train.rank_models import build_target, precision_dtype, rank_device
 
-        device = rank_device(config, placement.env)
-        return TargetProducer(config, placement, run_dir, build_target(config, run_dtype(config), device), device)
+        device = rank_device(config.trainer, placement.env)
+        models = config.models
+        target = build_target(models.target, models.drafter, precision_dtype(models.precision), device)
+        return TargetProducer(config.topology, config.data.data, config.trainer.gdn_backend, placement, run_dir,
+                              target, device)

@@ -51,7 +51,10 @@ class FeatureSource(Protocol):
 class SourceInputs:
     """What a placement's feature source may need from the rank that trains (built before the source)."""
 
-    config: Any  # the RunConfig
+    trainer: Any  # the run's TrainerConfig (``trainer``)
+    loader: Any  # its LoaderConfig (``loader``)
+    topology: Any  # its TopologyConfig (``topology``)
+    features: Any  # its FeaturesConfig (harness.train.feature_cache): the cache of the target's features
     env: Any  # this rank among the training ranks
     status: Any  # RankStatus
     device: torch.device
@@ -70,8 +73,8 @@ class LocalTarget:
 
     def __init__(self, inputs: SourceInputs) -> None:
         self.inputs = inputs
-        self.trainer = inputs.config.trainer
-        self.loader = inputs.config.loader
+        self.trainer = inputs.trainer
+        self.loader = inputs.loader
         self._epoch_batches: Iterator[StepBatches] | None = None
 
     def batches(self, plan: Plan, start_step: int, global_step: int) -> Iterator[StepBatches]:
@@ -130,7 +133,7 @@ class CachedFeatures(LocalTarget):
         super().__init__(inputs)
         from harness.train.feature_cache import feature_store
 
-        self.store = feature_store(inputs.config, inputs.collate.samples, inputs.rows, lambda: inputs.target,
+        self.store = feature_store(inputs.features, inputs.collate.samples, inputs.rows, lambda: inputs.target,
                                    inputs.tap_layer_ids)
 
     def features(self, batch: TrainingBatch, step: int) -> TargetFeatures | None:

@@ -98,7 +98,8 @@ class PlacementKind:
         raise NotImplementedError
 
     def worker(self, config: Any, placement: Placement, run_dir: str) -> RankWorker:
-        """What a rank that does not train runs (its ``run()`` returns the rank's summary)."""
+        """What a rank that does not train runs (its ``run()`` returns the rank's summary); ``config``: the rank's
+        :class:`~harness.train.loop.build.RankConfig`, each component's section of the run config."""
         raise ValueError(f"topology={self.name} has no rank of role {placement.role!r}")
 
 

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness.data.config import DataConfig
 from harness.train.batch import BatchCollator
-from harness.train.config import RunConfig
+from harness.train.config import TopologyConfig
 from harness.train.placement.link import (
     KIND_BATCH,
     KIND_END,
@@ -44,12 +45,13 @@ from strategies import Plan
 class TargetProducer:
     """A target rank: take a micro-batch, collate, target forward, send; until the drafter ranks stop."""
 
-    def __init__(self, config: RunConfig, placement: Placement, run_dir: Any, target: torch.nn.Module,
-                 device: torch.device) -> None:
+    def __init__(self, topology: TopologyConfig, data: DataConfig, gdn_backend: str, placement: Placement, run_dir: Any,
+                 target: torch.nn.Module, device: torch.device) -> None:
+        """``data``: the run's samples (``data``); ``gdn_backend``: ``trainer.gdn_backend``, the target's kernels."""
         from harness.data.samples import load_samples
 
-        self.config = config
-        self.topology = config.topology
+        self.gdn_backend = gdn_backend
+        self.topology = topology
         self.placement = placement
         self.run_dir = run_dir
         self.rank = placement.env.rank
@@ -70,7 +72,7 @@ class TargetProducer:
         self.step = 0
         # the samples first (the job built their cache before starting its ranks), while the drafter ranks build
         # their trainer: the first micro-batch is then ready sooner after the drafter ranks start waiting for it
-        samples = load_samples(config.data, progress=False)
+        samples = load_samples(data, progress=False)
         setup = pickle.loads(self._wait_for(store_key("setup"), "the drafter's setup"))
         self.rows = setup["rows"]
         self.tap_layer_ids = setup["tap_layer_ids"]
@@ -142,7 +144,7 @@ class TargetProducer:
         batch = self.collate(self.rows[indices], plan.lengths[indices], plan.epoch)
         tapped = None
         if not batch.empty:
-            tapped = self.target(batch.tokens.to(self.device), gdn_backend=self.config.trainer.gdn_backend,
+            tapped = self.target(batch.tokens.to(self.device), gdn_backend=self.gdn_backend,
                                  tap_layer_ids=self.tap_layer_ids).concatenated()
         meta, features = encode(batch, tapped, self.link_device)  # the real tokens only, taps side by side
         if self.device.type == "cuda":

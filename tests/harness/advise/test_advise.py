@@ -17,6 +17,7 @@ from harness.advise import link as link_module
 from harness.advise.schedule import LinkCost
 from harness.advise.predict import plan_seconds, predict, recommendation
 from harness.cli import advise as advise_cli
+from harness.train.launch.compose import models_config
 
 #: a (s/slot), b (s/len²), c (s/block), m (s/micro-batch): each term a visible share of a 2,048-token micro-batch
 TRUE = np.array([1e-4, 1e-8, 5e-5, 2e-2])
@@ -261,7 +262,7 @@ def test_the_command_predicts_from_a_stored_calibration_and_names_samples_over_t
 def test_a_sweep_adds_only_what_its_corrected_tests_keep(tmp_path, capsys, monkeypatch, batchlab_cache,
                                                          tmp_path_factory):
     """--sweep: the recommendation quotes the report's surviving differences, or says that none survives."""
-    import analysis_support as support
+    from support import analysis as support
     from analysis.compare import run_metrics
     from analysis.load import load_sweeps
     from analysis.stats import compare_pairs, timing_check
@@ -294,7 +295,7 @@ def test_a_target_checkpoint_is_calibrated_as_itself(tmp_path, monkeypatch, caps
     from transformers import Qwen3_5ForCausalLM
 
     from harness.models.config import load_target_config
-    from train_support import REPO
+    from support.train import REPO
 
     kwargs = yaml.safe_load((REPO / "conf" / "target" / "tiny.yaml").read_text())
     kwargs.update(vocab_size=300, hidden_size=96, intermediate_size=160)
@@ -559,7 +560,7 @@ def test_the_allreduce_counts_the_drafters_trainable_parameters_and_the_note_say
     from harness.train.rank_models import DrafterModel
 
     config = compose_run_config(["logger=none"])
-    model = DrafterModel(run_config_from_dict(config), torch.device("cpu"))  # the real one, built as a run builds it
+    model = DrafterModel(models_config(run_config_from_dict(config)), torch.device("cpu"))  # the real one, built as a run builds it
     assert cal.drafter_gradient_bytes(config) == 4 * sum(p.numel() for p in model.parameters)
     reference = compose_run_config(["experiment=reference_8gpu", "target.num_hidden_layers=4", "logger=none"])
     size = cal.drafter_gradient_bytes(reference)

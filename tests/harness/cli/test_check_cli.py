@@ -195,7 +195,7 @@ def test_batchlab_check_compares_a_llama_targets_layouts_and_refuses_an_encoder_
     assert len(lines) == 1 and kind in lines[0], lines
     with pytest.raises(BadInput, match=kind.replace("(", r"\(").replace(")", r"\)")):  # before a file is written
         prepared_config(compose_run_config([f"target.pretrained={tmp_path / 'bert'}", "logger=none"]))
-    from train_support import train_cli  # the command itself: one line, exit 2, no run directory left behind
+    from support.train import train_cli  # the command itself: one line, exit 2, no run directory left behind
 
     refused = train_cli([f"target.pretrained={tmp_path / 'bert'}", "logger=none", "hydra.run.dir=runs/bert"],
                         cwd=tmp_path)

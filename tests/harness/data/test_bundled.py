@@ -12,6 +12,7 @@ import yaml
 from harness.data import bundled
 from harness.data.config import DataConfig
 from harness.data.samples import heldout_split, load_samples, validation_split
+from harness.train.launch.compose import epoch_data_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -64,7 +65,7 @@ def test_the_held_out_set_the_main_job_evaluates_on_holds_at_least_200_documents
     prepared = prepared_config(compose_run_config(["experiment=strategies"]))
     assert prepared["target"]["pretrained"] == str(bundled.target_dir())
     config = run_config_from_dict(prepared)
-    selection = select_rows(config, load_samples(config.data, progress=False))
+    selection = select_rows(epoch_data_config(config), load_samples(config.data, progress=False))
     assert selection.heldout_rows.size >= 200
     assert not set(selection.heldout_rows.tolist()) & set(selection.train_rows.tolist())
     assert config.eval.real_prompts >= 64 and config.eval.real_new_tokens >= 32
@@ -116,8 +117,8 @@ def test_the_builder_writes_an_artefact_that_verifies_and_loads(tmp_path, batchl
     from harness.pretrain import target as pretrain_target
     from harness.train.launch import inputs
 
-    def few_steps(config, progress=False):  # the recipe's target, pretrained for 3 steps instead of 1.5M tokens
-        return str(pretrain_target.ensure_pretrained_target(config.data, config.target_kwargs,
+    def few_steps(target, progress=False):  # the recipe's target, pretrained for 3 steps instead of 1.5M tokens
+        return str(pretrain_target.ensure_pretrained_target(target.data, target.kwargs,
                                                             pretrain_target.PretrainConfig(steps=3), progress=False))
 
     monkeypatch.setattr(inputs, "pretrained_target_path", few_steps)

@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 import pytest
-from real_files import real_file
+from support.real_files import real_file
 
 from harness.data.chat.read import ConversationError
 from harness.data.chat.corpus import CHAT_TEMPLATE
@@ -365,7 +365,7 @@ def test_ids_beyond_the_targets_vocabulary_name_the_setting(chat_tokenizer, tmp_
 
 
 def test_a_training_run_on_the_embedded_chat_corpus(tmp_path, batchlab_cache):
-    from train_support import compose_config
+    from support.train import compose_config
 
     from harness.train.launch.run import run
 
@@ -387,7 +387,7 @@ def test_a_training_run_on_the_embedded_chat_corpus(tmp_path, batchlab_cache):
 def test_a_target_checkpoint_brings_its_own_tokenizer(tmp_path):
     """data.tokenizer unset and target.pretrained a checkpoint holding a tokenizer: the run uses that tokenizer
     (its chat template); a data.tokenizer given, or a checkpoint without one, is left as it is."""
-    from train_support import compose_config
+    from support.train import compose_config
 
     from harness.train.config import run_config_from_dict
     from harness.train.launch.run import with_target_tokenizer

@@ -2,7 +2,7 @@
 its install step; without it they are skipped, saying why."""
 
 import pytest
-import real_files
+from support import real_files
 
 
 @pytest.mark.parametrize("required", [True, False])

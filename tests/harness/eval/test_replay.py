@@ -77,7 +77,7 @@ def test_a_run_that_replays_gets_the_real_acceptance_of_one_that_decodes_live(tm
     those of the same run decoding live."""
     import json
 
-    from train_support import compose_config
+    from support.train import compose_config
 
     from harness.train.launch.run import run
 

@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
-from real_files import real_file
-from train_support import compose_config
+from support.real_files import real_file
+from support.train import compose_config
 
 from harness.models.causal_lm_target import CausalLMTarget, is_hybrid_checkpoint, load_target
 from harness.models.layout import TokenBatch
+from harness.train.launch.compose import models_config, target_spec
 
 #: fp32 on CPU: the same math in another order (packed rows, one document at a time)
 ATOL = 1e-5
@@ -102,7 +103,7 @@ def test_a_run_trains_a_drafter_on_a_llama_target_and_the_drafter_shares_its_emb
                  "drafter.draft_vocab_size=64"]  # the head on the 64 most frequent labels of the 512
     config = compose_config(overrides)
     assert prepared_config(config)["target"]["pretrained"] == str(llama_dir)
-    models = DrafterModel(run_config_from_dict(config), torch.device("cpu"))
+    models = DrafterModel(models_config(run_config_from_dict(config)), torch.device("cpu"))
     assert isinstance(models.target, CausalLMTarget)
     assert models.drafter.hidden_size == 32  # the drafter's width follows the target
     assert models.drafter.lm_head.out_features == 64 and models.target.lm_head.out_features == 512
@@ -128,8 +129,8 @@ def test_a_pretrained_targets_own_vocabulary_checks_the_data(llama_dir):
     assert checkpoint_vocab_size(llama_dir) == 512
     config = run_config_from_dict(compose_config(["experiment=smoke", f"target.pretrained={llama_dir}",
                                                   "data.vocab_size=4096"]))
-    assert target_vocab_size(config) == 512
-    assert target_vocab_size(run_config_from_dict(compose_config(["experiment=smoke", "data.vocab_size=4096"]))) == 4096
+    assert target_vocab_size(target_spec(config)) == 512
+    assert target_vocab_size(target_spec(run_config_from_dict(compose_config(["experiment=smoke", "data.vocab_size=4096"])))) == 4096
 
 
 def test_an_encoder_is_refused_naming_what_it_is(tmp_path):

@@ -371,7 +371,7 @@ def test_the_train_state_round_trips():
 
 def test_a_fresh_count_is_of_integers_and_has_no_resumed_total():
     consumed = ConsumedSamples(4, Collectives(RankEnv()))
-    assert consumed.resumed_total is None  # tests/rank_hook.py tells a resumed run by it
+    assert consumed.resumed_total is None  # tests/support/rank_hook.py tells a resumed run by it
     assert consumed.state_dict()["counts"].dtype == np.int64
 
 

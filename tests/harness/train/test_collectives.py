@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from process_support import failure_text
-from train_support import train_cli
+from support.process import failure_text
+from support.train import train_cli
 
 from harness.train.distributed import (
     BACKENDS,

@@ -4,7 +4,7 @@ micro-batches and each sample's anchors differ between its epochs, and a rerun r
 from __future__ import annotations
 
 import pytest
-from train_support import compose_config
+from support.train import compose_config
 
 RUN = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
        "data.max_documents=40", "trainer.max_tokens=512", "trainer.stop_tokens=null", "trainer.stop_epochs=2",

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_train_step import IN_PROCESS, _data_overrides, _random_samples, _write_jsonl
-from train_support import compose_config, read_jsonl
+from support.train import IN_PROCESS, data_overrides, random_samples, write_samples_jsonl
+from support.train import compose_config, read_jsonl
 
 from harness.train.launch.run import run
 from harness.train.loop.evaluator import EVAL_SAMPLES_FILE
 
 
 def _evaluated_run(tmp_path, name, *overrides):
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(48, 10, 90, 300, seed=5))
-    config = compose_config([*IN_PROCESS, *_data_overrides(data, heldout_fraction=0.25), "data.max_heldout=12",
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(48, 10, 90, 300, seed=5))
+    config = compose_config([*IN_PROCESS, *data_overrides(data, heldout_fraction=0.25), "data.max_heldout=12",
                              "trainer.max_tokens=256", "trainer.stop_tokens=2500", "eval.every_tokens=1200",
                              "eval.real_prompts=5", "eval.real_new_tokens=12", "eval.real_prompt_tokens=24",
                              *overrides])

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from train_support import compose_config, read_jsonl
+from support.train import compose_config, read_jsonl
 
 from harness.train import feature_cache
 from harness.train.feature_cache import FeatureStore, ensure_feature_cache
+from harness.train.launch.compose import epoch_data_config, features_config, target_spec
 
 #: fp32 on CPU: the features of a row alone against the same row beside others (rounding only)
 FEATURE_ATOL = 1e-5
@@ -26,18 +27,20 @@ def _inputs(*overrides):
     config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none",
                                                   "trainer.progress=false", *overrides]))
     samples = load_samples(config.data, progress=False)
-    rows = select_rows(config, samples).train_rows
-    return config, samples, rows, build_target(config, torch.float32, torch.device("cpu"))
+    rows = select_rows(epoch_data_config(config), samples).train_rows
+    target = build_target(target_spec(config), config.drafter_config, torch.float32, torch.device("cpu"))
+    return config, samples, rows, target
 
 
 def test_the_cache_holds_each_rows_features_and_gives_them_back_in_every_layout(batchlab_cache):
     from harness.train.batch import BatchCollator
 
     config, samples, rows, target = _inputs()
-    entry, meta, built = ensure_feature_cache(config, samples, rows, lambda: target)
+    features = features_config(config)
+    entry, meta, built = ensure_feature_cache(features, samples, rows, lambda: target)
     assert built and meta["rows"] == rows.size and meta["taps"] == list(target.tap_layer_ids)
     # the second time: read, and no target built for it
-    assert ensure_feature_cache(config, samples, rows, lambda: pytest.fail("built a target"))[2] is False
+    assert ensure_feature_cache(features, samples, rows, lambda: pytest.fail("built a target"))[2] is False
     store = FeatureStore(entry, list(target.tap_layer_ids))
     for layout in ("padded", "packed"):
         collate = BatchCollator(samples, layout, anchor_seed=0, block_size=8, num_anchors=16, mask_token_id=512,
@@ -72,15 +75,15 @@ def test_an_interrupted_build_goes_on_from_the_rows_it_had_written(batchlab_cach
     monkeypatch.setattr(feature_cache, "ROWS_PER_SAVE", feature_cache.ROWS_PER_FORWARD)  # saved after each forward
     monkeypatch.setattr(type(target), "forward", failing)
     with pytest.raises(KeyboardInterrupt):
-        ensure_feature_cache(config, samples, rows, lambda: target)
-    key = feature_cache.cache_key(config, samples.fingerprint, rows)
+        ensure_feature_cache(features_config(config), samples, rows, lambda: target)
+    key = feature_cache.cache_key(features_config(config), samples.fingerprint, rows)
     partial = config.data.resolved_cache_dir() / f".features-{key}.partial"
     assert json.loads((partial / "done.json").read_text())["rows"] == 2 * feature_cache.ROWS_PER_FORWARD
     monkeypatch.setattr(type(target), "forward", real_forward)
     forwards = []
     monkeypatch.setattr(type(target), "forward",
                         lambda self, batch, *a, **k: forwards.append(1) or real_forward(self, batch, *a, **k))
-    entry, meta, built = ensure_feature_cache(config, samples, rows, lambda: target)
+    entry, meta, built = ensure_feature_cache(features_config(config), samples, rows, lambda: target)
     expected = -(-rows.size // feature_cache.ROWS_PER_FORWARD) - 2  # the rest only
     assert built and len(forwards) == expected and not partial.exists()
     fresh, _, _ = _fresh_build(config, samples, rows, target, tmp=entry.parent / "fresh")
@@ -95,7 +98,7 @@ def _fresh_build(config, samples, rows, target, tmp, *overrides):
     other = run_config_from_dict({**compose_config(["experiment=smoke", "logger=none", "data.max_documents=40",
                                                     *overrides]),
                                   "data": {**dataclasses.asdict(config.data), "cache_dir": str(tmp)}})
-    return ensure_feature_cache(other, samples, rows, lambda: target)
+    return ensure_feature_cache(features_config(other), samples, rows, lambda: target)
 
 
 def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, batchlab_cache):
@@ -126,9 +129,9 @@ def test_a_run_from_the_cache_trains_as_one_with_the_target_online(tmp_path, bat
 
     config = run_config_from_dict(compose_config([*base, "eval.target_features=cached"]))
     samples = load_samples(config.data, progress=False)
-    heldout = select_rows(config, samples).heldout_rows
+    heldout = select_rows(epoch_data_config(config), samples).heldout_rows
     assert heldout.size == summary["heldout_samples"]
-    assert (batchlab_cache / f"{PREFIX}-{cache_key(config, samples.fingerprint, heldout)}").is_dir()
+    assert (batchlab_cache / f"{PREFIX}-{cache_key(features_config(config), samples.fingerprint, heldout)}").is_dir()
     with pytest.raises(BadInput, match="topology=disaggregated runs the target on ranks of its own"):
         prepared_config(compose_config([*base, "trainer.target_features=cached", "topology=disaggregated",
                                         "trainer.nproc=3"]))
@@ -150,10 +153,10 @@ def test_an_interrupted_build_resumes_from_its_last_chunk_that_checks_out(batchl
 
     monkeypatch.setattr(feature_cache, "ROWS_PER_SAVE", feature_cache.ROWS_PER_FORWARD)  # a chunk each forward
     monkeypatch.setattr(type(target), "forward", failing)
-    key = feature_cache.cache_key(config, samples.fingerprint, rows)
+    key = feature_cache.cache_key(features_config(config), samples.fingerprint, rows)
     partial = config.data.resolved_cache_dir() / f".features-{key}.partial"
     with pytest.raises(KeyboardInterrupt):
-        ensure_feature_cache(config, samples, rows, lambda: target)
+        ensure_feature_cache(features_config(config), samples, rows, lambda: target)
     record = json.loads((partial / "done.json").read_text())
     assert record["rows"] == 3 * feature_cache.ROWS_PER_FORWARD and len(record["chunks"]) == 3
     features = np.load(partial / "features.npy", mmap_mode="r+")
@@ -165,7 +168,7 @@ def test_an_interrupted_build_resumes_from_its_last_chunk_that_checks_out(batchl
     forwards = []
     monkeypatch.setattr(type(target), "forward",
                         lambda self, batch, *a, **k: forwards.append(1) or real_forward(self, batch, *a, **k))
-    entry, _, built = ensure_feature_cache(config, samples, rows, lambda: target)
+    entry, _, built = ensure_feature_cache(features_config(config), samples, rows, lambda: target)
     assert built and len(forwards) == -(-rows.size // feature_cache.ROWS_PER_FORWARD) - 1  # all but chunk 1
     assert f"damaged after row {feature_cache.ROWS_PER_FORWARD} of {rows.size}" in capsys.readouterr().out
     fresh, _, _ = _fresh_build(config, samples, rows, target, entry.parent / "fresh-chunks", other_key)

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from train_support import compose_config
+from support.train import compose_config
 
 from harness.train.loop import checkpoint as ckpt
+from harness.train.launch.compose import epoch_data_config, features_config
 
 BASE = ["experiment=smoke", "logger=none", "trainer.nproc=1", "strategy=packed", "data.max_documents=40"]
 
@@ -46,7 +47,7 @@ def _fingerprint(overrides: list[str]) -> dict:
 
     config = run_config_from_dict(compose_config([*BASE, *overrides]))
     env = SimpleNamespace(world_size=int(config.trainer.nproc), rank=0, is_main=True)
-    return EpochData(config, SimpleNamespace(env=env, barrier=lambda: None)).fingerprint
+    return EpochData(epoch_data_config(config), SimpleNamespace(env=env, barrier=lambda: None)).fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +152,15 @@ def test_the_feature_key_changes_with_the_target_the_data_the_rows_and_each_sett
 
     config = compose_config([*BASE, "drafter.target_layer_ids=[1,2]"])
     rows = np.arange(10)
-    keys = {cache_key(run_config_from_dict(config), "data", rows),
-            cache_key(run_config_from_dict(config), "other data", rows),
-            cache_key(run_config_from_dict(config), "data", rows[:-1]),
-            cache_key(run_config_from_dict({**config, "target": {**config["target"],
-                                                                 "num_hidden_layers": 3}}), "data", rows)}
+    def key(run: dict, data: str, rows: np.ndarray) -> str:
+        return cache_key(features_config(run_config_from_dict(run)), data, rows)
+
+    keys = {key(config, "data", rows), key(config, "other data", rows), key(config, "data", rows[:-1]),
+            key({**config, "target": {**config["target"], "num_hidden_layers": 3}}, "data", rows)}
     for dotted in KEY_SETTINGS:
         section, name = dotted.split(".")
         value = {"trainer.precision": "bf16"}.get(dotted, changed_value(config[section][name]))
-        keys.add(cache_key(run_config_from_dict({**config, section: {**config[section], name: value}}), "data", rows))
+        keys.add(key({**config, section: {**config[section], name: value}}, "data", rows))
     assert len(keys) == 4 + len(KEY_SETTINGS)
 
 

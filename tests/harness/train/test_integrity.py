@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_train_components import Counter
-from train_support import compose_config, read_jsonl
+from support.train import compose_config, read_jsonl
 
 from harness.data import cache
 from harness.train.loop.checkpoint import (

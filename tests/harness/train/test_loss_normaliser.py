@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from test_train_step import IN_PROCESS, _data_overrides, _random_samples, _write_jsonl
-from train_support import compose_config, read_jsonl
+from support.train import IN_PROCESS, data_overrides, random_samples, write_samples_jsonl
+from support.train import compose_config, read_jsonl
 
 from harness.train.batch import BatchCollator
 from harness.train.config import run_config_from_dict
@@ -54,7 +54,7 @@ def test_the_epoch_arm_refuses_a_block_cap_and_unknown_arms_are_named():
 
 
 def _first_step(tmp_path, data, name, *overrides):
-    config = compose_config([*IN_PROCESS, *_data_overrides(data), "trainer.max_tokens=128", "optim.grad_clip=0",
+    config = compose_config([*IN_PROCESS, *data_overrides(data), "trainer.max_tokens=128", "optim.grad_clip=0",
                              "grad_stats.every=1", *overrides])
     run(config, tmp_path / name)
     return read_jsonl(tmp_path / name / "metrics.jsonl")
@@ -65,7 +65,7 @@ def test_the_epoch_arm_gives_one_gradient_for_every_grouping_when_its_constant_i
     """The whole training split in one step: the epoch's constant is that step's Σw, so both arms and each
     strategy's grouping of the 12 samples (padded one by one, padded by length, packed) give the same loss and
     gradient (every strategy under the step arm: test_train_step)."""
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(14, 12, 60, 300, seed=1))
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(14, 12, 60, 300, seed=1))
     first = {}
     for strategy, arm in (("shuffle", "step"), ("shuffle", "epoch"), ("sorted", "epoch"), ("packed", "epoch")):
         first[strategy, arm] = _first_step(tmp_path, data, f"{strategy}-{arm}", f"strategy={strategy}",
@@ -83,7 +83,7 @@ def test_the_epoch_arm_scales_a_steps_gradient_by_its_weight_over_the_epoch_cons
     """Several steps an epoch: the constant is the epoch's Σw over its steps; a step's gradient is W / C times the
     step arm's (the same first step, no clipping), and the gradient statistics, which take mean-loss gradients,
     are the same in both arms."""
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(40, 10, 80, 300, seed=2))
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(40, 10, 80, 300, seed=2))
     shape = ("strategy=sorted", "trainer.grad_accum=2", "trainer.stop_epochs=1", "trainer.stop_tokens=null")
     per_step = _first_step(tmp_path, data, "step", *shape)
     constant = _first_step(tmp_path, data, "epoch", *shape, "optim.loss_normaliser=epoch")

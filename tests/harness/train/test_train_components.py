@@ -11,11 +11,12 @@ import re
 
 import numpy as np
 import pytest
-import rank_hook
+from support import rank_hook
 import torch
-from train_support import compose_config
+from support.train import compose_config
 
 from harness.models.drafter_loss import DrafterLoss
+from harness.train.launch.compose import epoch_data_config, models_config, rank_config
 from harness.train.loop.checkpoint import (
     CheckpointManager,
     CheckpointVersionError,
@@ -196,7 +197,7 @@ def test_consumed_counts_check_exactly_once(tmp_path):
 
 
 def test_the_tests_hook_logs_every_micro_batch_and_a_resume_cuts_the_log(tmp_path):
-    """tests/rank_hook.py's log of consumed samples (the run tests compare it): one line per micro-batch; a
+    """tests/support/rank_hook.py's log of consumed samples (the run tests compare it): one line per micro-batch; a
     resumed run rewrites what came after its checkpoint; the hook is undone when the rank's work ends."""
     add = ConsumedSamples.add
     with rank_hook.installed(0, tmp_path):
@@ -360,7 +361,7 @@ def test_an_elastic_resume_plans_exactly_the_rest_of_the_epoch(batchlab_cache):
     from harness.train.loop.epoch_data import EpochData
 
     config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none"]))
-    data = EpochData(config, Collectives(RankEnv()))
+    data = EpochData(epoch_data_config(config), Collectives(RankEnv()))
     whole = data.plan_epoch(0)
     first_half = np.concatenate([whole.micro_batch(step, 0, a) for step in range(whole.num_steps // 2)
                                  for a in range(whole.grad_accum)])
@@ -372,7 +373,7 @@ def test_an_elastic_resume_plans_exactly_the_rest_of_the_epoch(batchlab_cache):
     assert left == len(rest_rows) == data.train_rows.size - first_half.size
     assert sorted(np.concatenate([first_half, rest_rows]).tolist()) == list(range(data.train_rows.size))
     saved = data.state_dict()
-    other = EpochData(config, Collectives(RankEnv()))
+    other = EpochData(epoch_data_config(config), Collectives(RankEnv()))
     other.load_state_dict(saved)
     assert other.replanned(0) and np.array_equal(other.plan_epoch(0).sample_indices, rest.sample_indices)
     consumed[data.train_rows[first_half[0]]] = 2
@@ -456,7 +457,7 @@ def test_a_failing_run_closes_its_logger_as_failed_once(tmp_path, batchlab_cache
     config = run_config_from_dict(compose_config([
         "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.progress=false", "trainer.stop_tokens=3000",
         "trainer.eval_every_tokens=1000", "trainer.eval_real_prompts=0"]))
-    trainer = build_trainer(config, tmp_path, place(config.topology, RankEnv()))
+    trainer = build_trainer(rank_config(config), tmp_path, place(config.topology, RankEnv()))
     sink = RecordingSink()
     trainer.logger = MetricLogger([sink])
 
@@ -484,7 +485,7 @@ def test_a_stop_signal_during_the_optimizer_step_is_never_lost(tmp_path, batchla
     config = run_config_from_dict(compose_config([
         "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.progress=false", "trainer.stop_tokens=8000",
         "eval.every_tokens=100000", "eval.real_prompts=0"]))
-    trainer = build_trainer(config, tmp_path, place(config.topology, RankEnv()))
+    trainer = build_trainer(rank_config(config), tmp_path, place(config.topology, RankEnv()))
     step = trainer.optimizer.step
     calls = []
 
@@ -544,11 +545,11 @@ def test_heldout_metrics_do_not_depend_on_the_world_size(tmp_path, batchlab_cach
     config = run_config_from_dict(compose_config([
         "experiment=smoke", "trainer.nproc=1", "logger=none", "trainer.eval_real_prompts=4",
         "trainer.eval_real_new_tokens=6"]))
-    model = DrafterModel(config, torch.device("cpu"))
+    model = DrafterModel(models_config(config), torch.device("cpu"))
     status = type("Status", (), {"stage": staticmethod(lambda name, step: None)})()
 
     def evaluate(comm):
-        data = EpochData(config, comm)
+        data = EpochData(epoch_data_config(config), comm)
         drafter = model.drafter
         collate = BatchCollator(data.samples, "padded", block_size=drafter.block_size, num_anchors=64,
                                 mask_token_id=drafter.mask_token_id, loss_decay_gamma=drafter.loss_decay_gamma,
@@ -608,9 +609,9 @@ def test_oversize_samples_follow_the_policy(policy, batchlab_cache):
     config = run_config_from_dict(compose_config(overrides))
     if policy == "error":
         with pytest.raises(ValueError, match=r"sample \d+ has \d+ tokens, more than trainer.max_tokens=96"):
-            EpochData(config, Collectives(RankEnv()))
+            EpochData(epoch_data_config(config), Collectives(RankEnv()))
         return
-    data = EpochData(config, Collectives(RankEnv()))
+    data = EpochData(epoch_data_config(config), Collectives(RankEnv()))
     kept = data.train_report.kept
     over = int((data.samples.lengths[kept] > 96).sum())
     assert over > 0  # the budget is small enough to matter
@@ -637,7 +638,7 @@ def test_max_samples_caps_every_micro_batch(batchlab_cache):
 
     config = run_config_from_dict(compose_config(["experiment=smoke", "trainer.nproc=1", "logger=none",
                                                   "strategy=packed", "trainer.max_samples=3"]))
-    plan = EpochData(config, Collectives(RankEnv())).plan_epoch(0)
+    plan = EpochData(epoch_data_config(config), Collectives(RankEnv())).plan_epoch(0)
     assert plan.micro_batch_sizes().max() == 3 and plan.budget_violations().size == 0
 
 
@@ -668,7 +669,7 @@ def test_an_in_process_run_leaves_the_signal_handlers_as_it_found_them(tmp_path,
     finished trainer's stop flag)."""
     import signal
 
-    from train_support import compose_config
+    from support.train import compose_config
 
     from harness.train.launch.run import run
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from train_support import REPO, compose_config, sweep_params
+from support.train import REPO, compose_config, sweep_params
 
 from harness.train.config import run_config_from_dict, strategy_schemas
+from harness.train.launch.compose import epoch_data_config, rank_config
 from harness.train.loop.build import build_trainer
 from harness.train.distributed import Collectives, RankEnv
 from harness.train.loop.epoch_data import EpochData
@@ -192,12 +193,12 @@ def test_an_unknown_or_doubled_section_key_is_refused_with_what_was_meant(argume
 
 def test_default_run_covers_at_least_three_epochs_of_the_default_data(tmp_path, batchlab_cache):
     config = run_config_from_dict(compose_config(["logger=none"]))
-    data = EpochData(config, Collectives(RankEnv()))
+    data = EpochData(epoch_data_config(config), Collectives(RankEnv()))
     assert data.total_tokens >= 3 * data.epoch_tokens
     assert data.heldout_rows.size > 0 and not set(data.heldout_rows) & set(data.train_rows)
     # the held-out split is the same for every strategy and every seed of a sweep
-    other = EpochData(run_config_from_dict(compose_config(["logger=none", "strategy=sorted", "seed=3"])),
-                      Collectives(RankEnv()))
+    other_config = run_config_from_dict(compose_config(["logger=none", "strategy=sorted", "seed=3"]))
+    other = EpochData(epoch_data_config(other_config), Collectives(RankEnv()))
     assert list(other.heldout_rows) == list(data.heldout_rows)
     assert list(other.train_rows) == list(data.train_rows)
 
@@ -207,7 +208,7 @@ def test_bf16_target_keeps_fp32_drafter_master_weights(tmp_path, batchlab_cache)
 
     config = run_config_from_dict(compose_config(["logger=none", "experiment=smoke", "trainer.nproc=1",
                                                   "trainer.precision=bf16"]))
-    trainer = build_trainer(config, Path(tmp_path), place(config.topology, RankEnv()))
+    trainer = build_trainer(rank_config(config), Path(tmp_path), place(config.topology, RankEnv()))
     assert trainer.model.target.dtype == torch.bfloat16
     assert {p.dtype for p in trainer.model.drafter.parameters() if p.requires_grad} == {torch.float32}
     assert all(p.dtype == torch.float32 for group in trainer.optimizer.param_groups for p in group["params"])

@@ -10,51 +10,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from process_support import failure_text
-from train_support import compose_config, read_jsonl
+from support.train import (
+    IN_PROCESS,
+    STEP_TOKENS,
+    compose_config,
+    data_overrides,
+    random_samples,
+    read_jsonl,
+    write_samples_jsonl,
+)
 
 from harness.data.config import DataConfig
 from harness.data.samples import load_samples
 from harness.models.drafter import DFlashDrafter
 from harness.train.batch import BatchCollator
 from harness.train.config import run_config_from_dict
+from harness.train.launch.compose import features_config, models_config
 from harness.train.launch.run import run
 from harness.train.loop.checkpoint import checkpoint_paths
 from harness.train.loop.trainer import NonFiniteLoss
 from strategies import Budget, available_strategies, build_strategy
 
-IN_PROCESS = ["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false"]
-
-
-def _write_jsonl(path, samples):
-    with path.open("w") as handle:
-        for ids, mask in samples:
-            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
-    return path
-
-
-def _random_samples(count, low, high, vocab, seed, mask_first=True):
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(count):
-        length = int(rng.integers(low, high + 1))
-        ids = rng.integers(2, vocab, size=length).tolist()
-        mask = [0] * 3 + [1] * (length - 3) if mask_first else [1] * length
-        samples.append((ids, mask))
-    return samples
-
-
-def _data_overrides(path, heldout_fraction=0.1):
-    return [f"data.source={path}", "data.max_documents=null", "data.vocab_size=300",
-            f"data.heldout_fraction={heldout_fraction}", "data.max_heldout=4"]
-
-
 def test_same_samples_in_one_step_give_the_same_gradient_under_every_strategy(tmp_path, batchlab_cache):
     """Each strategy groups (and lays out) the same 12 samples into the micro-batches of one step in its own way."""
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(14, 12, 60, 300, seed=1))
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(14, 12, 60, 300, seed=1))
     first_steps = {}
     for strategy in available_strategies():
-        config = compose_config([*IN_PROCESS, *_data_overrides(data), f"strategy={strategy}",
+        config = compose_config([*IN_PROCESS, *data_overrides(data), f"strategy={strategy}",
                                  "trainer.max_tokens=128", "trainer.grad_accum=16", "trainer.stop_tokens=1"])
         run(config, tmp_path / strategy)
         first_steps[strategy] = read_jsonl(tmp_path / strategy / "metrics.jsonl")[0]
@@ -68,46 +50,8 @@ def test_same_samples_in_one_step_give_the_same_gradient_under_every_strategy(tm
     assert len({r["computed_slots"] for r in first_steps.values()}) > 1
 
 
-def test_one_rank_four_micro_batches_equals_two_ranks_two(tmp_path, batchlab_cache):
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(40, 10, 80, 300, seed=2))
-    common = [*_data_overrides(data), "logger=none", "trainer.progress=false", "trainer.num_workers=0",
-              "strategy=sorted", "trainer.max_tokens=160", "trainer.stop_tokens=3000", "trainer.grad_stats_every=1"]
-    run(compose_config([*common, "trainer.nproc=1", "trainer.grad_accum=4"]), tmp_path / "one")
-    run(compose_config([*common, "trainer.nproc=2", "trainer.grad_accum=2"]), tmp_path / "two")
-    one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
-    assert len(one) == len(two) >= 3
-    for a, b in zip(one, two):
-        assert (a["real_tokens"], a["micro_batches"]) == (b["real_tokens"], b["micro_batches"])
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4), a["step"]
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), a["step"]
-    # DDP's division by world size is undone: the first gradient (same weights) matches to fp32 precision
-    assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=1e-5)
-    # gradient diversity is measured from accumulation micro-batches (1 rank) and from ranks (2 ranks)
-    assert all(r["grad_diversity"] is not None and r["grad_diversity"] > 0 for r in one + two)
-
-
-def test_empty_micro_batches_run_the_step(tmp_path, batchlab_cache):
-    """10 samples of length 8 at budget 8, world 4, accum 2: one sample a micro-batch, 8 a step, so the second
-    step has 2 samples and 6 empty micro-batches, and some rank has nothing at all."""
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(10, 8, 8, 300, seed=3, mask_first=False))
-    config = compose_config([*_data_overrides(data, heldout_fraction=0.0), "logger=none", "trainer.progress=false",
-                             "trainer.num_workers=0", "strategy=sorted", "trainer.max_tokens=8", "trainer.nproc=4",
-                             "trainer.grad_accum=2", "trainer.stop_epochs=1", "trainer.stop_tokens=null",
-                            ])
-    summary = run(config, tmp_path / "run")
-    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r["samples_per_step"] for r in records] == [8, 2]
-    assert summary["samples_seen_once"] is True and summary["tokens_seen"] == 80
-    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in records)
-    step2 = {rank: [len(e["rows"]) for e in read_jsonl(tmp_path / "run" / "consumed" / f"rank{rank}.jsonl")
-                    if e["step"] == 2] for rank in range(4)}
-    assert all(len(sizes) == 2 for sizes in step2.values())  # every rank ran both micro-batches of the step
-    assert sum(sizes.count(0) for sizes in step2.values()) == 6
-    assert any(sizes == [0, 0] for sizes in step2.values())  # a rank with no sample joined the collectives
-
-
 def test_non_finite_loss_stops_naming_step_and_samples(tmp_path, batchlab_cache, monkeypatch):
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(30, 10, 60, 300, seed=4))
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(30, 10, 60, 300, seed=4))
     original = DFlashDrafter.prepared_loss
     calls = {"n": 0}
 
@@ -120,7 +64,7 @@ def test_non_finite_loss_stops_naming_step_and_samples(tmp_path, batchlab_cache,
         return result
 
     monkeypatch.setattr(DFlashDrafter, "prepared_loss", poisoned)
-    config = compose_config([*IN_PROCESS, *_data_overrides(data), "strategy=packed", "trainer.max_tokens=128",
+    config = compose_config([*IN_PROCESS, *data_overrides(data), "strategy=packed", "trainer.max_tokens=128",
                              "trainer.checkpoint_every_steps=1", "trainer.stop_tokens=100000"])
     with pytest.raises(NonFiniteLoss) as stopped:
         run(config, tmp_path / "run")
@@ -133,7 +77,7 @@ def test_wandb_failing_mid_run_warns_once_and_training_goes_on(tmp_path, batchla
     import wandb
     import wandb.sdk.wandb_run
 
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(30, 10, 60, 300, seed=5))
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(30, 10, 60, 300, seed=5))
     original = wandb.sdk.wandb_run.Run.log
     calls = {"n": 0}
 
@@ -144,7 +88,7 @@ def test_wandb_failing_mid_run_warns_once_and_training_goes_on(tmp_path, batchla
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", flaky)
-    config = compose_config([*IN_PROCESS[:2], "trainer.progress=false", "logger=wandb", *_data_overrides(data),
+    config = compose_config([*IN_PROCESS[:2], "trainer.progress=false", "logger=wandb", *data_overrides(data),
                              "strategy=packed", "trainer.max_tokens=128", "trainer.stop_tokens=2500"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -189,7 +133,7 @@ def test_bad_input_is_named_before_training(tmp_path, batchlab_cache, bad, messa
         rows[3] = bad
     path = tmp_path / "data.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = compose_config([*IN_PROCESS, *_data_overrides(path, heldout_fraction=0.0), "strategy=packed"])
+    config = compose_config([*IN_PROCESS, *data_overrides(path, heldout_fraction=0.0), "strategy=packed"])
     with pytest.raises(ValueError, match=message):
         run(config, tmp_path / "run")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -225,7 +169,7 @@ def test_a_samples_anchors_do_not_depend_on_its_neighbours(batchlab_cache):
 def test_regenerated_completions_train_on_the_targets_own_continuations(tmp_path, batchlab_cache):
     """data.completions=regenerated: the same prompts with the (pretrained) target's greedy completions."""
     import yaml
-    from train_support import REPO
+    from support.train import REPO
     from transformers import Qwen3_5ForCausalLM
 
     from harness.data.samples import heldout_split
@@ -291,11 +235,6 @@ def test_regenerated_completions_pin_the_target_that_wrote_them(tmp_path, monkey
 
 
 # ---------------------------------------------------------------- equal-token steps
-STEP_TOKENS = [*IN_PROCESS, "experiment=smoke", "trainer.max_tokens=512", "trainer.step_tokens=1536",
-               "trainer.stop_tokens=12000", "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
-               "trainer.grad_stats_every=1"]
-
-
 def test_equal_token_steps_give_every_strategy_the_same_step_count(tmp_path, batchlab_cache):
     steps = {}
     for strategy in ("sorted", "shuffle", "packed"):
@@ -337,24 +276,6 @@ def test_equal_token_steps_stop_at_the_end_of_a_whole_number_of_epochs(tmp_path,
     assert max(steps) - min(steps) <= 2, steps
 
 
-def test_equal_token_steps_on_two_ranks_equal_one_rank(tmp_path, batchlab_cache):
-    """Ranks run different numbers of micro-batches in a step (one synchronised backward each): the same steps
-    on 2 ranks and on 1 give the same losses and gradients."""
-    from train_support import train_cli
-
-    run(compose_config([*STEP_TOKENS, "strategy=shuffle"]), tmp_path / "one")
-    result = train_cli([*STEP_TOKENS[1:], "trainer.nproc=2", "strategy=shuffle", f"hydra.run.dir={tmp_path / 'two'}"],
-                       cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, failure_text(result)
-    one, two = read_jsonl(tmp_path / "one" / "metrics.jsonl"), read_jsonl(tmp_path / "two" / "metrics.jsonl")
-    assert len(one) == len(two) >= 6
-    assert any(r["micro_batches"] % 2 for r in two)  # some steps split unevenly over the ranks
-    for a, b in zip(one, two):
-        assert (a["real_tokens"], a["micro_batches"]) == (b["real_tokens"], b["micro_batches"])
-        for key in ("loss", "grad_norm", "tau"):
-            assert b[key] == pytest.approx(a[key], rel=1e-5), (a["step"], key)
-
-
 def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path, batchlab_cache, monkeypatch):
     """trainer.drafter_precision=bf16: the drafter's forward in bf16 autocast (its losses move by bf16 rounding
     only), the target never (training, held-out loss and live τ real: its proposals in bf16, the target's
@@ -377,8 +298,8 @@ def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path,
 
     monkeypatch.setattr(HybridTarget, "forward", target_recording)
     monkeypatch.setattr(speculative, "_propose", propose_recording)
-    data = _write_jsonl(tmp_path / "data.jsonl", _random_samples(24, 12, 60, 300, seed=5))
-    common = [*IN_PROCESS, *_data_overrides(data), "strategy=sorted", "trainer.max_tokens=256",
+    data = write_samples_jsonl(tmp_path / "data.jsonl", random_samples(24, 12, 60, 300, seed=5))
+    common = [*IN_PROCESS, *data_overrides(data), "strategy=sorted", "trainer.max_tokens=256",
               "trainer.stop_tokens=600", "eval.every_tokens=1000000", "eval.real_replay=false",
               "eval.real_prompts=2", "eval.real_new_tokens=6"]
     records = {}
@@ -389,7 +310,7 @@ def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path,
         assert seen["target"] and not any(seen["target"])  # every target forward outside autocast
         assert seen["proposals"] and all(enabled == (precision == "bf16") for enabled in seen["proposals"])
         records[precision] = read_jsonl(tmp_path / precision / "metrics.jsonl")
-        models = DrafterModel(run_config_from_dict(config), torch.device("cpu"))
+        models = DrafterModel(models_config(run_config_from_dict(config)), torch.device("cpu"))
         assert models.target.embed_tokens.weight.dtype == torch.float32  # the target stays at trainer.precision
         with models.autocast():
             assert torch.is_autocast_enabled("cpu") == (precision == "bf16")
@@ -403,7 +324,7 @@ def test_a_bf16_drafter_over_an_fp32_target_keeps_the_targets_features(tmp_path,
     rows = np.arange(4)
 
     def key(*overrides):
-        return cache_key(run_config_from_dict(compose_config([*common, *overrides])), "data", rows)
+        return cache_key(features_config(run_config_from_dict(compose_config([*common, *overrides]))), "data", rows)
 
     assert key("trainer.drafter_precision=fp32") == key("trainer.drafter_precision=bf16") == key()
     assert key("trainer.precision=bf16") != key()

@@ -5,9 +5,9 @@ import os
 import sys
 from pathlib import Path
 
-from process_support import run_process, stop_group
+from support.process import run_process, stop_group
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def compose_config(overrides):
@@ -55,6 +55,42 @@ def signal_after_steps(process, run_dir, after_steps, sig, deadline_s=240, wait_
     finally:
         if process.poll() is None:  # the test failed or the run did not stop: it must not outlive the test
             stop_group(process)
+
+
+#: a training run in the test's own process, without W&B or a progress bar
+IN_PROCESS = ["trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false"]
+#: the smoke experiment with equal-token steps (1536 real tokens a step, micro-batches of at most 512)
+STEP_TOKENS = [*IN_PROCESS, "experiment=smoke", "trainer.max_tokens=512", "trainer.step_tokens=1536",
+               "trainer.stop_tokens=12000", "trainer.eval_every_tokens=100000", "trainer.eval_real_prompts=0",
+               "trainer.grad_stats_every=1"]
+
+
+def write_samples_jsonl(path, samples):
+    """``samples`` (``(input_ids, loss_mask)`` pairs) as a token-id jsonl file at ``path``; the path."""
+    with path.open("w") as handle:
+        for ids, mask in samples:
+            handle.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+    return path
+
+
+def random_samples(count, low, high, vocab, seed, mask_first=True):
+    """``count`` random samples of ``low``..``high`` tokens below ``vocab`` (their first 3 unmasked or not)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(count):
+        length = int(rng.integers(low, high + 1))
+        ids = rng.integers(2, vocab, size=length).tolist()
+        mask = [0] * 3 + [1] * (length - 3) if mask_first else [1] * length
+        samples.append((ids, mask))
+    return samples
+
+
+def data_overrides(path, heldout_fraction=0.1):
+    """The overrides that train on the token-id file ``path`` (vocabulary 300, at most 4 held out)."""
+    return [f"data.source={path}", "data.max_documents=null", "data.vocab_size=300",
+            f"data.heldout_fraction={heldout_fraction}", "data.max_heldout=4"]
 
 
 def read_jsonl(path):

@@ -14,10 +14,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from process_support import failure_text, run_process
+from support.process import failure_text, run_process
 from strategies import report_order
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # conf/experiment/strategies_smoke.yaml sweeps every registered strategy, in report order
 STRATEGIES = tuple(report_order())
 SEEDS = (0, 1, 2)

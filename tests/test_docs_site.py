@@ -35,8 +35,7 @@ def _planned_lines(page: Path) -> dict[str, str]:
 
 def test_the_readme_answer_table_is_the_results_pages_own_numbers():
     """Every verdict and interval of the README's table is the one in its study's pasted block, linked to that page."""
-    readme = (REPO / "README.md").read_text()
-    rows = [line for line in readme.split("## The answer", 1)[1].splitlines() if line.startswith("| ")][2:]
+    rows = _readme_tables()[0][2:]
     blocks = {study: _planned_lines(page) for study, page in PAGES.items()}
     assert len(rows) == len(blocks["main job"]) == len(blocks["real model"]) == 4
     for row in rows:
@@ -48,6 +47,35 @@ def test_the_readme_answer_table_is_the_results_pages_own_numbers():
             effect = cell.split(": ", 1)[1]
             line = blocks[study][contrast]
             assert f"**{verdict}**" in line and effect in line.replace("final_eval_loss ", ""), (contrast, study, cell)
+
+
+def _readme_tables() -> list[list[str]]:
+    """The README answer section's tables, each as its lines (header and rule included)."""
+    section = (REPO / "README.md").read_text().split("## The answer", 1)[1].split("\n## ", 1)[0]
+    tables, current = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("| "):
+            current.append(line)
+        elif current:
+            tables, current = [*tables, current], []
+    return tables
+
+
+def test_the_readmes_design_power_is_the_results_pages_own():
+    """The README's design-time power and seeds needed, for each planned contrast and study, are those its results
+    page prints beside the verdict (from the pilot, before the confirmatory runs)."""
+    on_page = re.compile(r"^- (.+?) \((?:superiority|equivalence)[^)]*\):.*; design \(pilot seeds [^)]*\): .*power "
+                         r"([0-9.]+) at (\d+) seeds; 80% power needs (.+?) seeds \(95% interval of the pilot: (.+?)\)\.$")
+    design = {study: {m.group(1): m.groups()[1:] for line in page.read_text().splitlines()
+                      if (m := on_page.match(line))} for study, page in PAGES.items()}
+    rows = _readme_tables()[1][2:]
+    assert len(rows) == len(design["main job"]) == len(design["real model"]) == 4
+    for row in rows:
+        contrast, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        contrast = contrast.split(" (", 1)[0]
+        for study, cell in zip(PAGES, cells, strict=True):
+            shown = re.fullmatch(r"([0-9.]+) at (\d+) seeds; needs (.+?) \((.+)\)", cell).groups()
+            assert shown == design[study][contrast], (contrast, study, cell)
 
 
 def test_the_readmes_links_resolve():

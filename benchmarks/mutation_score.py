@@ -4,6 +4,7 @@ Usage:
     python benchmarks/mutation_score.py                      # every target; prints survivors
     python benchmarks/mutation_score.py --only planned       # one target
     python benchmarks/mutation_score.py --write              # also rewrite its section of RESULTS.md
+    python benchmarks/mutation_score.py --resume --work DIR  # continue a stopped run where it left off
 
 The project is copied (tracked and untracked, not ignored files) into a work folder, where mutmut's
 configuration is added to the copy's ``pyproject.toml``; the checkout is never touched. Survivors judged
@@ -261,11 +262,15 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/batchlab-mutation"))
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue a stopped run in --work (mutmut keeps each mutant's result there), on its copy")
     args = parser.parse_args()
 
-    copy_project(args.work)
-    with open(args.work / "pyproject.toml", "a") as fh:
-        fh.write(mutmut_config(args.only, args.work))
+    resumed = args.resume and (args.work / "mutants").is_dir()
+    if not resumed:
+        copy_project(args.work)
+        with open(args.work / "pyproject.toml", "a") as fh:
+            fh.write(mutmut_config(args.only, args.work))
     began = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
                          cwd=args.work)
@@ -276,7 +281,8 @@ def main() -> None:
     only = f" --only {' '.join(args.only)}" if args.only != sorted(TARGETS) else ""
     command = (f"Command: `python benchmarks/mutation_score.py{only} --write`; mutmut 3.8.1 (each mutant against the "
                f"selected tests that call its function), {args.max_children} children, {minutes:.1f} min for "
-               f"{', '.join(args.only)}. Machine: {cpu_model()}, {datetime.date.today().isoformat()}.")
+               f"{', '.join(args.only)}{' (the last leg of a stopped run, resumed with --resume)' if resumed else ''}."
+               f" Machine: {cpu_model()}, {datetime.date.today().isoformat()}.")
     for target in args.only:
         section = target_section(target, {n: s for n, s in names.items() if target_of(n) == target}, args.work,
                                  command)

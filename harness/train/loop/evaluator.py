@@ -137,7 +137,7 @@ class Evaluator:
                 with self.model.autocast():
                     blocks = drafter.prepared_block_losses(batch.drafter,
                                                            drafter.forward_prepared(batch.drafter, features))
-                sums = blocks.sums
+                sums = _host_sums(blocks)
                 if samples is not None:
                     samples.extend(_per_sample(batch, blocks))
                 total = sums if total is None else total + sums
@@ -210,6 +210,16 @@ class Evaluator:
             "eval_real_prompts": len(self._real_prompts),
             "eval_accepted_per_prompt": per_prompt,  # taken out of the record for eval_samples.jsonl
         }
+
+
+def _host_sums(blocks: Any) -> DrafterLoss:
+    """A micro-batch's sums in fp64 on the host, its Σw·CE, Σw and Σ τ summed from the per-block values that the
+    per-sample records sum too: the endpoint then equals its records to fp64 rounding, whatever the order."""
+    sums = {name: value.detach().double().cpu() for name, value in vars(blocks.sums).items()}
+    sums.update(weighted_ce_sum=blocks.weighted_ce.detach().double().sum().cpu(),
+                weight_sum=blocks.weight.detach().double().sum().cpu(),
+                tau_sum=blocks.tau.detach().double().sum().cpu())
+    return DrafterLoss(**sums)
 
 
 def _per_sample(batch: TrainingBatch, blocks: Any) -> list[dict[str, Any]]:

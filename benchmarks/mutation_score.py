@@ -43,7 +43,9 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/strategies/test_length_int64_bounds.py", "tests/strategies/test_registry_unregister.py",
          "tests/strategies/test_balance_slots.py", "tests/strategies/test_rank_balance_options.py",
          "tests/strategies/test_run_arguments.py", "tests/strategies/test_registry_lookups.py",
-         "tests/strategies/test_step_length_metrics.py"],
+         "tests/strategies/test_step_length_metrics.py", "tests/strategies/test_bucket_streak_edges.py",
+         "tests/strategies/test_step_spread_edges.py", "tests/strategies/test_plan_metrics_arguments.py",
+         "tests/strategies/test_plan_metrics_report.py", "tests/strategies/test_cost_model_target_only.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],

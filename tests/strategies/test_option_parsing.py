@@ -78,3 +78,11 @@ def test_a_cli_option_without_parse_passes_the_value_through():
 def test_no_const_shows_as_its_name():
     assert repr(NO_CONST) == "NO_CONST"
     assert "const=NO_CONST" in repr(CliOption("--width", "width", ""))
+
+
+def test_a_switch_refuses_either_converter_alone():
+    with pytest.raises(ValueError, match=r"^CliOption --fast: a switch \(const\) takes no value to convert$"):
+        CliOption("--fast", "fast", "", type=int, const=True)
+    with pytest.raises(ValueError, match=r"^CliOption --fast: a switch \(const\) takes no value to convert$"):
+        CliOption("--fast", "fast", "", parse=int, const=True)
+    assert CliOption("--fast", "fast", "", const=True).is_switch

@@ -45,7 +45,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/strategies/test_run_arguments.py", "tests/strategies/test_registry_lookups.py",
          "tests/strategies/test_step_length_metrics.py", "tests/strategies/test_bucket_streak_edges.py",
          "tests/strategies/test_step_spread_edges.py", "tests/strategies/test_plan_metrics_arguments.py",
-         "tests/strategies/test_plan_metrics_report.py", "tests/strategies/test_cost_model_target_only.py"],
+         "tests/strategies/test_plan_metrics_report.py", "tests/strategies/test_cost_model_target_only.py",
+         "tests/strategies/test_registry_register.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
@@ -167,6 +168,106 @@ EQUIVALENT: dict[str, str] = {
     "harness.models.anchors.xǁFlatDocumentsǁfrom_batch__mutmut_15": "cu keeps cu_seqlens' int32 (or int64): doc_starts "
     "and doc_lengths are cast with .long() when FlatDocuments is built, cu[1:] - cu[:-1] is exact in int32, and "
     "repeat_interleave takes int32 repeats",
+    "strategies.balance.x__lpt__mutmut_12": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort "
+    "(checked: np.argsort(..., kind='STABLE') keeps ties in order)",
+    "strategies.balance.x__lpt__mutmut_19": "slot_costs and by_cost are 2-D, so np.take_along_axis's default axis=-1 is axis 1",
+    "strategies.balance.x__lpt__mutmut_25": "filled as float64 holds small whole counts exactly: filled < grad_accum compares the same and rank * "
+    "grad_accum + filled is a whole float stored into the int64 new_slot_of_old unchanged",
+    "strategies.balance.x__lpt__mutmut_27": "filled as float64 (np.zeros default) holds small whole counts exactly: filled < grad_accum compares "
+    "the same and rank * grad_accum + filled is a whole float stored into the int64 new_slot_of_old "
+    "unchanged",
+    "strategies.balance.x__lpt__mutmut_7": "slot_costs is always 2-D [steps, per_step], so np.argsort's default axis=-1 is axis 1",
+    "strategies.balance.x__regroup_windows__mutmut_100": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_116": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_123": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_13": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_21": "windows and its argsort are 2-D, so np.take_along_axis's default axis=-1 is axis 1",
+    "strategies.balance.x__regroup_windows__mutmut_26": "costs_with_empty[windows] is 2-D [num_windows, size * per_step], so np.argsort's default axis=-1 is "
+    "axis 1",
+    "strategies.balance.x__regroup_windows__mutmut_31": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort",
+    "strategies.balance.x__regroup_windows__mutmut_41": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_46": "rng.random(regrouped.shape[:2]) is 2-D [num_windows, size], so np.argsort's default axis=-1 is axis "
+    "1",
+    "strategies.balance.x__regroup_windows__mutmut_70": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_83": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__regroup_windows__mutmut_91": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(-2, ...) is "
+    "reshape(-1, ...) (checked on numpy 2.4.6)",
+    "strategies.balance.x__window_blocks__mutmut_6": "with complete == 0 the extra block (0, 0, window_steps) covers no step: _regroup_windows reshapes an "
+    "empty slice, draws rng.random of size 0 (which does not advance the generator) and writes nothing; "
+    "balance_slots only regroups with num_full_steps > 1 (checked on 3000 random cases, outputs and "
+    "generator state equal)",
+    "strategies.edges.x_expected_padded_slots__mutmut_24": "np.searchsorted's default side is 'left', so dropping side='left' finds the same bucket for every "
+    "length",
+    "strategies.epoch_plan.xǁPlanǁkept_indices__mutmut_3": "np.ones with dtype=None is a float64 mask of 1.0; setting entries to False stores 0.0 and "
+    "np.flatnonzero(...).astype(np.int64) gives the same indices",
+    "strategies.epoch_plan.xǁPlanǁkept_indices__mutmut_5": "np.ones without dtype is a float64 mask of 1.0; setting entries to False stores 0.0 and "
+    "np.flatnonzero(...).astype(np.int64) gives the same indices",
+    "strategies.epoch_plan.xǁPlanǁkept_indices__mutmut_6": "assigning None into a bool array stores False (np.bool_(None) is False), so keep[self.dropped] = "
+    "None clears the same entries",
+    "strategies.epoch_plan.xǁPlanǁremaining_indices__mutmut_3": "np.ones with dtype=None is a float64 mask of 1.0; setting entries to False stores 0.0 and "
+    "np.flatnonzero(...).astype(np.int64) gives the same indices",
+    "strategies.epoch_plan.xǁPlanǁremaining_indices__mutmut_5": "np.ones without dtype is a float64 mask of 1.0; setting entries to False stores 0.0 and "
+    "np.flatnonzero(...).astype(np.int64) gives the same indices",
+    "strategies.epoch_plan.xǁPlanǁremaining_indices__mutmut_6": "assigning None into a bool array stores False (np.bool_(None) is False), so keep[self.dropped] = "
+    "None clears the same entries",
+    "strategies.epoch_plan.xǁPlanǁremaining_indices__mutmut_8": "assigning None into a bool array stores False (np.bool_(None) is False), so keep[self.consumed] = "
+    "None clears the same entries",
+    "strategies.metrics.x__mean_step_kl__mutmut_17": "astype(None) converts to numpy's default float64, the same as astype(np.float64) (checked)",
+    "strategies.metrics.x_length_mix_divergence__mutmut_10": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_length_mix_divergence__mutmut_21": "minlength is redundant: lengths is non-empty here and its maximum is >= every quantile edge, so "
+    "searchsorted(side='right') puts it in bin len(edges) = num_bins - 1 and np.bincount(bins) already "
+    "has num_bins entries",
+    "strategies.metrics.x_length_mix_divergence__mutmut_7": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_104": "astype(None) converts to numpy's default float64, the same as astype(np.float64) (checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_171": "unreachable else branch: a plan with no micro-batch has zero steps and plan_metrics already raised "
+    "ValueError at plan_rank_costs' reshape(0, -1) (checked), so slots.size >= 1 whenever this line runs",
+    "strategies.metrics.x_plan_metrics__mutmut_173": "unreachable else branch: a plan with no micro-batch has zero steps and plan_metrics already raised "
+    "ValueError at plan_rank_costs' reshape(0, -1) (checked), so slots.size >= 1 whenever this line runs",
+    "strategies.metrics.x_plan_metrics__mutmut_210": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_218": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_226": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_234": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_251": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_31": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_52": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_metrics__mutmut_57": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.metrics.x_plan_rank_blocks__mutmut_19": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(steps, -2) is "
+    "reshape(steps, -1), same shape and the same error for a zero-step plan (checked on numpy 2.4.6)",
+    "strategies.metrics.x_plan_rank_costs__mutmut_23": "numpy's reshape takes any negative size as the one unknown dimension, so reshape(steps, -2) is "
+    "reshape(steps, -1), same shape and the same error for a zero-step plan (checked on numpy 2.4.6)",
+    "strategies.metrics.x_step_buckets__mutmut_13": "np.searchsorted's default side is 'left', so dropping side='left' finds the same bucket for every "
+    "length",
+    "strategies.metrics.x_step_buckets__mutmut_24": "an empty float64 bucket array instead of int64: segment_reduce casts values to int64 and, with no "
+    "samples, returns its int64 zeros without reading them, so lowest/highest and the returned int64 "
+    "steps are the same",
+    "strategies.metrics.x_step_buckets__mutmut_26": "an empty float64 bucket array instead of int64: segment_reduce casts values to int64 and, with no "
+    "samples, returns its int64 zeros without reading them, so lowest/highest and the returned int64 "
+    "steps are the same",
+    "strategies.metrics.x_step_buckets__mutmut_27": "this branch runs only when sample_indices is empty, so a plan's offsets are all 0, every segment is "
+    "empty and segment_reduce returns zeros without reading the one-element bucket array (only a plan "
+    "whose offsets point past its empty sample_indices could tell)",
+    "strategies.metrics.x_step_mean_lengths__mutmut_4": "astype(None) converts to numpy's default float64, the same as astype(np.float64) (checked)",
+    "strategies.metrics.x_step_of_positions__mutmut_4": "np.arange of a Python int with dtype=None gives numpy's default integer, int64 on numpy 2 (checked: "
+    "np.arange(5).dtype is int64)",
+    "strategies.metrics.x_step_of_positions__mutmut_6": "np.arange of a Python int without dtype gives numpy's default integer, int64 on numpy 2 (checked: "
+    "np.arange(5).dtype is int64)",
+    "strategies.metrics.x_step_spread__mutmut_12": "slice(None, k) and slice(0, k) select the same elements of the 1-D per-step arrays",
+    "strategies.metrics.x_step_spread__mutmut_14": "slice(k) is slice(None, k), the same elements as slice(0, k) of the 1-D per-step arrays",
+    "strategies.metrics.x_step_spread__mutmut_25": "astype(None) converts to numpy's default float64, the same as astype(np.float64) (checked)",
+    "strategies.metrics.x_step_spread__mutmut_29": "float('NAN') is the same NaN float as float('nan') (Python parses 'nan' case-insensitively; checked)",
+    "strategies.remainder.x_consumed_mask__mutmut_18": "array.dtype.kind is one character from 'biufcmMOSUV', never 'X', so it is in 'XXiuXX' exactly when "
+    "it is in 'iu'",
+    "strategies.remainder.x_plan_remainder__mutmut_92": "the sub-plan call without oversize= uses Strategy.plan's default oversize='error', the same value "
+    "the code passes (no strategy overrides plan)",
+    "strategies.validate.x__show__mutmut_3": "every caller passes an element of a numpy array whose dtype is not object (object arrays are "
+    "converted first), i.e. always an np.generic, so the isinstance test is always true already",
 }
 
 

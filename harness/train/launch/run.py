@@ -386,7 +386,8 @@ def _run_claimed(config_dict: dict[str, Any], config: Any, run_dir: Path) -> dic
             done(f"{len(samples):,} samples: {samples.source}")
         if samples.tokenizer_path:
             print(f"batchlab-train: tokenizer ✓ {samples.tokenizer_path}", flush=True)
-        selection = select_rows(epoch_data_config(config), samples)  # bad data (oversize=error, nothing left) is bad input, found here
+        # bad data (oversize=error, nothing left) is bad input, found here
+        selection = select_rows(epoch_data_config(config), samples)
     except (ValueError, FileNotFoundError) as error:
         raise BadInput(str(error)) from error
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,9 @@ from harness.train.config import (
     TrainerConfig,
 )
 from harness.train.distributed import Collectives
+from harness.train.feature_cache import FeaturesConfig
 from harness.train.loop.checkpoint import CheckpointManager, RngState, TorchState
 from harness.train.loop.consumed import ConsumedSamples
-from harness.train.feature_cache import FeaturesConfig
 from harness.train.loop.epoch_data import EpochData, EpochDataConfig
 from harness.train.loop.evaluator import Evaluator
 from harness.train.loop.grad_stats import GradientStatistics, summing_comm_hook

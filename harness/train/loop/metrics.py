@@ -217,7 +217,8 @@ def build_logger(logger: Any, run_dir: Path, is_main: bool, resumed_step: int | 
         try:
             sinks.append(WandbSink(
                 run_dir, project=logger.project, entity=logger.entity, group=group, name=name, job_type=job_type,
-                tags=logger.tags, config=config_dict, mode=logger.mode, run_id=id_file.read_text().strip(), resume=resumed_step is not None))
+                tags=logger.tags, config=config_dict, mode=logger.mode, run_id=id_file.read_text().strip(),
+                resume=resumed_step is not None))
         except Exception as error:  # noqa: BLE001 - W&B must never stop a run
             warnings.warn(f"W&B could not start ({type(error).__name__}: {error}); logging to metrics.jsonl only",
                           stacklevel=2)

@@ -46,7 +46,16 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/strategies/test_step_length_metrics.py", "tests/strategies/test_bucket_streak_edges.py",
          "tests/strategies/test_step_spread_edges.py", "tests/strategies/test_plan_metrics_arguments.py",
          "tests/strategies/test_plan_metrics_report.py", "tests/strategies/test_cost_model_target_only.py",
-         "tests/strategies/test_registry_register.py"],
+         "tests/strategies/test_registry_register.py", "tests/strategies/test_autocorrelation_edges.py",
+         "tests/strategies/test_bucketed_token_steps_delegation.py",
+         "tests/strategies/test_cost_model_coefficients.py", "tests/strategies/test_cut_token_steps_dtypes.py",
+         "tests/strategies/test_drafter_blocks_dtypes.py", "tests/strategies/test_explicit_edges_checks.py",
+         "tests/strategies/test_length_grouped_option_messages.py",
+         "tests/strategies/test_megabatch_size_rounding.py", "tests/strategies/test_micro_batch_costs_empty.py",
+         "tests/strategies/test_modelled_bucket_recurrence.py", "tests/strategies/test_packed_fit_choice.py",
+         "tests/strategies/test_real_slots_first_order.py", "tests/strategies/test_same_bucket_token_steps.py",
+         "tests/strategies/test_sample_step_missing.py", "tests/strategies/test_sorted_ties_order.py",
+         "tests/strategies/test_token_slot_table_empty.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
@@ -268,6 +277,102 @@ EQUIVALENT: dict[str, str] = {
     "the code passes (no strategy overrides plan)",
     "strategies.validate.x__show__mutmut_3": "every caller passes an element of a numpy array whose dtype is not object (object arrays are "
     "converted first), i.e. always an np.generic, so the isinstance test is always true already",
+    "strategies._assemble.x_real_slots_first__mutmut_15": "per_rank is 3-D, so np.take_along_axis's default axis=-1 is axis 2 (numpy 2.4.6)",
+    "strategies._assemble.x_real_slots_first__mutmut_20": "per_rank < 0 is 3-D, so np.argsort's default axis=-1 is axis 2",
+    "strategies._assemble.x_real_slots_first__mutmut_26": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort "
+    "(checked: np.argsort(bool array, kind='STABLE') keeps ties in order)",
+    "strategies._assemble.x_token_slot_table__mutmut_19": "np.full with dtype=None takes the dtype of the fill value -1, a Python int: int64 on this 64-bit "
+    "Linux numpy (checked: np.full((2, 3), -1, dtype=None).dtype == int64)",
+    "strategies._assemble.x_token_slot_table__mutmut_22": "np.full without dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
+    "numpy (checked: np.full((2, 3), -1).dtype == int64)",
+    "strategies._assemble.x_token_slot_table__mutmut_32": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies._assemble.x_token_slot_table__mutmut_34": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies._assemble.x_token_slot_table__mutmut_38": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies._assemble.x_token_slot_table__mutmut_40": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.base.x_cut_token_steps__mutmut_4": "np.array([0, n]) of Python ints is int64 on this 64-bit Linux numpy (checked), the same as "
+    "dtype=np.int64",
+    "strategies.base.x_cut_token_steps__mutmut_6": "np.array([0, n]) of Python ints is int64 on this 64-bit Linux numpy (checked), the same as "
+    "dtype=np.int64",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_116": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_118": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5).dtype == "
+    "int64), the same as dtype=np.int64",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_30": "minlength=counts.size is redundant: every micro-batch's bucket has at least one step, so the largest "
+    "bucket id appears in step_bucket and bincount already has counts.size entries (empty input: both "
+    "size 0)",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_5": "bucket_offsets holds whole micro-batch counts (< 2**53), exact in float64; np.cumsum(out=) fills it "
+    "the same and token_step_cuts only uses them as range bounds (checked: "
+    "test_same_bucket_token_steps.py passes on the mutant with identical steps)",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_54": "np.searchsorted's side defaults to 'left' (numpy docs; checked: same indices)",
+    "strategies.builtin.x__same_bucket_token_steps__mutmut_7": "np.zeros's default dtype is float64: bucket_offsets holds whole micro-batch counts (< 2**53), exact "
+    "in float64, used only as range bounds by token_step_cuts (checked: identical steps on the mutant)",
+    "strategies.builtin.xǁBucketedStrategyǁtoken_steps__mutmut_14": "micro.info['edges'] is set by BucketedStrategy.micro_batches as edges.tolist() (Python ints), which "
+    "np.asarray makes int64 with or without dtype; searchsorted on them is then the same",
+    "strategies.builtin.xǁBucketedStrategyǁtoken_steps__mutmut_16": "micro.info['edges'] is set by BucketedStrategy.micro_batches as edges.tolist() (Python ints), which "
+    "np.asarray makes int64 with or without dtype; searchsorted on them is then the same",
+    "strategies.builtin.xǁBucketedStrategyǁtoken_steps__mutmut_25": "np.searchsorted's side defaults to 'left' (numpy docs; checked: same indices with and without "
+    "side='left')",
+    "strategies.builtin.xǁLengthGroupedStrategyǁmicro_batches__mutmut_18": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁLengthGroupedStrategyǁmicro_batches__mutmut_20": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁLengthGroupedStrategyǁmicro_batches__mutmut_39": "astype(None) is float64; group_offsets holds whole positions (< 2**53), exact in float64, and "
+    "greedy_fill_padded only uses them as range bounds, writing int64 offsets itself (the suite's "
+    "length_grouped plans are unchanged on the mutant)",
+    "strategies.builtin.xǁLengthGroupedStrategyǁmicro_batches__mutmut_65": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁLengthGroupedStrategyǁmicro_batches__mutmut_67": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁPackedStrategyǁmicro_batches__mutmut_19": "max_rows only sizes the kernels' row arrays (max_bins, an upper bound; unused rows are never reached "
+    "and new rows open lowest-index first), and 2*ceil(tokens/C)+2 already bounds the rows any-fit uses, "
+    "so a larger bound packs the same rows (checked: test_packed_fit_choice.py packs with max_rows = n "
+    "and matches the strategy for first and best fit)",
+    "strategies.builtin.xǁPackedStrategyǁmicro_batches__mutmut_24": "max_rows only sizes the kernels' row arrays (max_bins, an upper bound; unused rows are never reached "
+    "and new rows open lowest-index first), and 2*ceil(tokens/C)+2 already bounds the rows any-fit uses, "
+    "so a larger bound packs the same rows (checked: test_packed_fit_choice.py packs with max_rows = n "
+    "and matches the strategy for first and best fit)",
+    "strategies.builtin.xǁShuffleStrategyǁmicro_batches__mutmut_23": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁShuffleStrategyǁmicro_batches__mutmut_25": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.builtin.xǁSortedStrategyǁmicro_batches__mutmut_16": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort "
+    "(checked: test_sorted_ties_order.py, which fails on an unstable sort, passes on this mutant)",
+    "strategies.cost.xǁCostModelǁmicro_batch_blocks__mutmut_11": "segment_reduce with dtype=None builds np.zeros(..., dtype=None) and values.astype(None), both "
+    "float64 (checked), the same as dtype=np.float64",
+    "strategies.cost.xǁCostModelǁmicro_batch_costs__mutmut_2": "ndarray.astype(None) is astype(float64) (checked: int64 and bool arrays .astype(None).dtype == "
+    "float64)",
+    "strategies.cost.xǁCostModelǁmicro_batch_costs__mutmut_23": "segment_reduce with dtype=None builds np.zeros(..., dtype=None) and values.astype(None), both "
+    "float64 (checked), the same as dtype=np.float64",
+    "strategies.cost.xǁCostModelǁmicro_batch_costs__mutmut_33": "segment_reduce with dtype=None builds np.zeros(..., dtype=None) and values.astype(None), both "
+    "float64 (checked), the same as dtype=np.float64",
+    "strategies.cost.xǁCostModelǁmicro_batch_costs__mutmut_9": "ndarray.astype(None) is astype(float64) (checked: np.where(...) int array .astype(None).dtype == "
+    "float64)",
+    "strategies.edges.x_expected_budget_slots__mutmut_21": "ndarray.astype(None) is float64; prefix holds whole sample counts (< 2**53), exact in float64, and "
+    "bucket_fill_model only subtracts them and mixes them with floats (checked: 400 random cases give "
+    "identical totals)",
+    "strategies.edges.x_modelled_bucket_recurrence__mutmut_14": "prefix holds whole sample counts (< 2**53), exact in float64: the kernels only subtract and index "
+    "with them, int() of the difference and pairable*(pairable-1.0) give the same numbers (checked: 400 "
+    "random cases bit-identical)",
+    "strategies.edges.x_modelled_bucket_recurrence__mutmut_80": "result is a list of Python floats from bucket_recurrence (0.0, 1.0 or a float quotient; an empty "
+    "list too): np.asarray's default dtype for it is float64 (checked: np.asarray([]).dtype == float64)",
+    "strategies.edges.x_modelled_bucket_recurrence__mutmut_82": "result is a list of Python floats from bucket_recurrence (0.0, 1.0 or a float quotient; an empty "
+    "list too): np.asarray's default dtype for it is float64 (checked: np.asarray([]).dtype == float64)",
+    "strategies.epoch_plan.xǁPlanǁexactly_once_violations__mutmut_15": "np.ones(dtype=None) is float64 (checked); expected holds 0/1 and counts are whole (< 2**53), so "
+    "expected - counts and counts - expected are exact and int(...sum()) gives the same missing/repeated",
+    "strategies.epoch_plan.xǁPlanǁexactly_once_violations__mutmut_17": "np.ones's default dtype is float64; expected holds 0/1 and counts are whole (< 2**53), so the "
+    "differences are exact and int(...sum()) gives the same missing/repeated",
+    "strategies.metrics.x_sample_micro_batch__mutmut_16": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.metrics.x_sample_micro_batch__mutmut_18": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "dtype=None).dtype == int64), the same as dtype=np.int64",
+    "strategies.metrics.x_sample_micro_batch__mutmut_4": "np.full with no dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
+    "numpy (checked: np.full((2, 3), -1).dtype == int64)",
+    "strategies.metrics.x_sample_micro_batch__mutmut_7": "np.full with no dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
+    "numpy (checked: np.full((2, 3), -1).dtype == int64)",
 }
 
 

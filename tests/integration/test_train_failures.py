@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from support.process import failure_text, run_process
+from support.rank_hook import TEST_FAIL_ENV
 from support.train import assert_same_records, assert_same_summary, read_jsonl, train_cli
 
 from harness.train.loop.checkpoint import component_state, latest_checkpoint, load_checkpoint
 from harness.train.status import RECORD_SIZE, RankStatus, describe, read_statuses, status_path
-from support.rank_hook import TEST_FAIL_ENV
 
 # 2 gloo ranks, a checkpoint every 2 steps, long enough that step 5 is mid-run
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",

@@ -8,9 +8,8 @@ import re
 import hydra_plugins.hydra_submitit_launcher  # noqa: F401 - a declared dependency: a broken install fails here
 import pytest
 from support.process import failure_text, stop_group
-from support.train import assert_same_records, assert_same_summary, train_cli
-
 from support.rank_hook import TEST_FAIL_ENV
+from support.train import assert_same_records, assert_same_summary, train_cli
 
 
 def _compose_with_hydra(overrides):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.process import failure_text
+from support.rank_hook import TEST_FAIL_ENV
 from support.train import (
     assert_same_records,
     assert_same_summary,
@@ -22,9 +23,8 @@ from support.train import (
     train_cli,
 )
 
-from harness.train.loop.checkpoint import FingerprintMismatch, checkpoint_paths
-from support.rank_hook import TEST_FAIL_ENV
 from harness.train.launch.run import RunDirectoryInUse, run
+from harness.train.loop.checkpoint import FingerprintMismatch, checkpoint_paths
 
 # 2 ranks, small enough to be quick, long enough to kill after a checkpoint but before the end
 ARGS = ["experiment=smoke", "strategy=bucketed", "logger=none", "trainer.progress=false",

@@ -131,3 +131,18 @@ def assert_same_summary(reference_dir, run_dir, ignore=()):
     for key in sorted(set(expected) | set(got)):
         if key not in ignore:
             assert got.get(key) == expected.get(key), f"summary {key}: {got.get(key)} != {expected.get(key)}"
+
+
+class Counter:
+    """A checkpointed component of the simplest kind (one value, state version 1), for checkpoint tests."""
+
+    state_version = 1
+
+    def __init__(self, value=0):
+        self.value = value
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.serialization
+from support.train import Counter
 
 from harness.data.cache import DamagedEntry, checksum_path, checksum_problem
 from harness.train.distributed import Collectives, RankEnv
@@ -42,19 +43,6 @@ from harness.train.loop.train_state import TrainState
 
 FIX = ("resume it with the batchlab version that wrote it, or start a fresh run in a new directory (or set "
        "trainer.resume=false)")
-
-
-class Value:
-    state_version = 1
-
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
 
 
 class Stages:
@@ -276,7 +264,7 @@ def test_the_newest_of_an_older_batchlabs_checkpoints_is_used_unverified(tmp_pat
 # ---------------------------------------------------------------- the manager
 def test_the_manager_saves_its_config_and_says_the_stage(tmp_path):
     stages = Stages()
-    _manager(tmp_path, {"a": Value(4)}, config={"seed": 3}, status=stages).save(5)
+    _manager(tmp_path, {"a": Counter(4)}, config={"seed": 3}, status=stages).save(5)
     saved = load_checkpoint(checkpoint_paths(tmp_path)[-1])
     assert saved["config"] == {"seed": 3} and saved["format"] == 2
     assert component_state(saved, "a") == {"value": 4}
@@ -285,9 +273,9 @@ def test_the_manager_saves_its_config_and_says_the_stage(tmp_path):
 
 def test_only_the_main_rank_says_what_it_passed_over(tmp_path, capsys):
     for step in (1, 2):
-        _manager(tmp_path, {"a": Value(step)}).save(step)
+        _manager(tmp_path, {"a": Counter(step)}).save(step)
     _tamper(checkpoint_paths(tmp_path)[-1])
-    other = Value()
+    other = Counter()
     assert _manager(tmp_path, {"a": other}, is_main=False).restore().path.name == "step-00000001.pt"
     assert other.value == 1 and capsys.readouterr().out == ""
     assert [p.name for p in checkpoint_paths(tmp_path)] == ["step-00000001.pt", "step-00000002.pt"]  # not set aside
@@ -295,11 +283,11 @@ def test_only_the_main_rank_says_what_it_passed_over(tmp_path, capsys):
 
 def test_what_the_main_rank_says_on_resume_is_flushed_at_once(tmp_path, monkeypatch):
     for step in (1, 2):
-        _manager(tmp_path, {"a": Value(step)}).save(step)
+        _manager(tmp_path, {"a": Counter(step)}).save(step)
     _tamper(checkpoint_paths(tmp_path)[-1])
     raw = io.BytesIO()
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))  # block-buffered, as in a pipe
-    _manager(tmp_path, {"a": Value()}).restore()
+    _manager(tmp_path, {"a": Counter()}).restore()
     assert b"passed over 1 damaged checkpoint(s)" in raw.getvalue()
 
 
@@ -313,15 +301,15 @@ def test_the_manager_restores_a_checkpoint_written_on_a_gpu_with_numpy_state(tmp
 
 
 def test_the_managers_refusals_name_the_checkpoint(tmp_path):
-    _manager(tmp_path, {"a": Value(1)}).save(1)
+    _manager(tmp_path, {"a": Counter(1)}).save(1)
     path = checkpoint_paths(tmp_path)[-1]
-    newer = Value()
+    newer = Counter()
     newer.state_version = 2
     with pytest.raises(CheckpointVersionError, match=re.escape(f"checkpoint {path} cannot be resumed")):
         _manager(tmp_path, {"a": newer}).restore()
     refusal = re.escape(f"checkpoint {path} was written for another batching plan")
     with pytest.raises(FingerprintMismatch, match=refusal):
-        _manager(tmp_path, {"a": Value()}, fingerprint={"seed": 1, "world_size": 1}).restore()
+        _manager(tmp_path, {"a": Counter()}, fingerprint={"seed": 1, "world_size": 1}).restore()
 
 
 # ---------------------------------------------------------------- states

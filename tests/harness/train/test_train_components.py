@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from support import rank_hook
 import torch
-from support.train import compose_config
+from support.train import Counter, compose_config
 
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.launch.compose import epoch_data_config, models_config, rank_config
@@ -115,19 +115,6 @@ def test_drafter_loss_sums_reduce_field_by_field():
 
 
 # ---------------------------------------------------------------- checkpoints
-class Counter:
-    state_version = 1
-
-    def __init__(self, value=0):
-        self.value = value
-
-    def state_dict(self):
-        return {"value": self.value}
-
-    def load_state_dict(self, state):
-        self.value = state["value"]
-
-
 def _manager(run_dir, components, fingerprint=None):
     return CheckpointManager(run_dir, components, fingerprint=fingerprint or {"seed": 0, "world_size": 1},
                              config={"seed": 0}, keep=2, is_main=True, barrier=lambda: None,
@@ -669,7 +656,7 @@ def test_an_in_process_run_leaves_the_signal_handlers_as_it_found_them(tmp_path,
     finished trainer's stop flag)."""
     import signal
 
-    from support.train import compose_config
+    from support.train import Counter, compose_config
 
     from harness.train.launch.run import run
 

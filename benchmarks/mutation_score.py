@@ -277,38 +277,38 @@ EQUIVALENT: dict[str, str] = {
     "the code passes (no strategy overrides plan)",
     "strategies.validate.x__show__mutmut_3": "every caller passes an element of a numpy array whose dtype is not object (object arrays are "
     "converted first), i.e. always an np.generic, so the isinstance test is always true already",
-    "strategies._assemble.x_real_slots_first__mutmut_15": "per_rank is 3-D, so np.take_along_axis's default axis=-1 is axis 2 (numpy 2.4.6)",
-    "strategies._assemble.x_real_slots_first__mutmut_20": "per_rank < 0 is 3-D, so np.argsort's default axis=-1 is axis 2",
-    "strategies._assemble.x_real_slots_first__mutmut_26": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort "
+    "strategies.slots.x_real_slots_first__mutmut_15": "per_rank is 3-D, so np.take_along_axis's default axis=-1 is axis 2 (numpy 2.4.6)",
+    "strategies.slots.x_real_slots_first__mutmut_20": "per_rank < 0 is 3-D, so np.argsort's default axis=-1 is axis 2",
+    "strategies.slots.x_real_slots_first__mutmut_26": "numpy reads the sort kind by its first letter case-insensitively: kind='STABLE' is the stable sort "
     "(checked: np.argsort(bool array, kind='STABLE') keeps ties in order)",
-    "strategies._assemble.x_token_slot_table__mutmut_19": "np.full with dtype=None takes the dtype of the fill value -1, a Python int: int64 on this 64-bit "
+    "strategies.slots.x_token_slot_table__mutmut_19": "np.full with dtype=None takes the dtype of the fill value -1, a Python int: int64 on this 64-bit "
     "Linux numpy (checked: np.full((2, 3), -1, dtype=None).dtype == int64)",
-    "strategies._assemble.x_token_slot_table__mutmut_22": "np.full without dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
+    "strategies.slots.x_token_slot_table__mutmut_22": "np.full without dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
     "numpy (checked: np.full((2, 3), -1).dtype == int64)",
-    "strategies._assemble.x_token_slot_table__mutmut_32": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "strategies.slots.x_token_slot_table__mutmut_32": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
     "dtype=None).dtype == int64), the same as dtype=np.int64",
-    "strategies._assemble.x_token_slot_table__mutmut_34": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "strategies.slots.x_token_slot_table__mutmut_34": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
     "dtype=None).dtype == int64), the same as dtype=np.int64",
-    "strategies._assemble.x_token_slot_table__mutmut_38": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "strategies.slots.x_token_slot_table__mutmut_38": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
     "dtype=None).dtype == int64), the same as dtype=np.int64",
-    "strategies._assemble.x_token_slot_table__mutmut_40": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "strategies.slots.x_token_slot_table__mutmut_40": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
     "dtype=None).dtype == int64), the same as dtype=np.int64",
     "strategies.base.x_cut_token_steps__mutmut_4": "np.array([0, n]) of Python ints is int64 on this 64-bit Linux numpy (checked), the same as "
     "dtype=np.int64",
     "strategies.base.x_cut_token_steps__mutmut_6": "np.array([0, n]) of Python ints is int64 on this 64-bit Linux numpy (checked), the same as "
     "dtype=np.int64",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_116": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_116": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5, "
     "dtype=None).dtype == int64), the same as dtype=np.int64",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_118": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5).dtype == "
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_118": "np.arange(n) of a Python int n is int64 on this 64-bit Linux numpy (checked: np.arange(5).dtype == "
     "int64), the same as dtype=np.int64",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_30": "minlength=counts.size is redundant: every micro-batch's bucket has at least one step, so the largest "
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_30": "minlength=counts.size is redundant: every micro-batch's bucket has at least one step, so the largest "
     "bucket id appears in step_bucket and bincount already has counts.size entries (empty input: both "
     "size 0)",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_5": "bucket_offsets holds whole micro-batch counts (< 2**53), exact in float64; np.cumsum(out=) fills it "
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_5": "bucket_offsets holds whole micro-batch counts (< 2**53), exact in float64; np.cumsum(out=) fills it "
     "the same and token_step_cuts only uses them as range bounds (checked: "
     "test_same_bucket_token_steps.py passes on the mutant with identical steps)",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_54": "np.searchsorted's side defaults to 'left' (numpy docs; checked: same indices)",
-    "strategies.builtin.x__same_bucket_token_steps__mutmut_7": "np.zeros's default dtype is float64: bucket_offsets holds whole micro-batch counts (< 2**53), exact "
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_54": "np.searchsorted's side defaults to 'left' (numpy docs; checked: same indices)",
+    "strategies.builtin.x_same_bucket_token_steps__mutmut_7": "np.zeros's default dtype is float64: bucket_offsets holds whole micro-batch counts (< 2**53), exact "
     "in float64, used only as range bounds by token_step_cuts (checked: identical steps on the mutant)",
     "strategies.builtin.xǁBucketedStrategyǁtoken_steps__mutmut_14": "micro.info['edges'] is set by BucketedStrategy.micro_batches as edges.tolist() (Python ints), which "
     "np.asarray makes int64 with or without dtype; searchsorted on them is then the same",

@@ -75,7 +75,7 @@ arguments: same ``(seed, epoch)`` → the same plan (random streams from
 """
 
 from ._assemble import MicroBatches  # what a strategy's micro_batches() returns (the plugin API)
-from ._random import Purpose, generator  # a strategy's seeded random choices (the plugin API)
+from ._random import STATIC_EPOCH, Purpose, generator  # a strategy's seeded random choices (the plugin API)
 from .balance import RankBalance
 from .base import CliOption, Strategy
 from .builtin import padded_fill  # fill padded micro-batches in a given order (the plugin API)
@@ -130,6 +130,7 @@ __all__ = [
     "DEFAULT_NUM_BUCKETS",
     "MicroBatches",
     "Purpose",
+    "STATIC_EPOCH",
     "generator",
     "padded_fill",
 ]

@@ -149,7 +149,7 @@ class BucketedStrategy(Strategy):
     drafter), at the price of length-homogeneous steps (higher length-mix excess and step recurrence; micro-batch
     recurrence and padding are unchanged; numbers in docs/design/strategies.md). False mixes buckets inside a step. With
     ``step_tokens`` (equal-token steps) each bucket's micro-batches are cut into steps by the cut rule and the same
-    rules apply to those steps (:func:`_same_bucket_token_steps`).
+    rules apply to those steps (:func:`same_bucket_token_steps`).
     """
     max_recurrence: Optional[float] = DEFAULT_MAX_RECURRENCE
     """Bound on every bucket's composition recurrence between epochs, honoured by the dp edges (null: no bound).
@@ -220,19 +220,19 @@ class BucketedStrategy(Strategy):
         return MicroBatches(order, offsets, sequence, {"edges": edges.tolist()})
 
     def token_steps(self, micro, prepared, step_tokens, seed, epoch):
-        """Equal-token steps; with ``same_bucket_steps``, steps of one bucket (:func:`_same_bucket_token_steps`)."""
+        """Equal-token steps; with ``same_bucket_steps``, steps of one bucket (:func:`same_bucket_token_steps`)."""
         if not self.same_bucket_steps:
             return super().token_steps(micro, prepared, step_tokens, seed, epoch)
         edges = np.asarray(micro.info["edges"], dtype=np.int64)
         micro_bucket = np.searchsorted(edges, prepared.lengths[micro.order[micro.offsets[:-1]]], side="left")
-        sequence, step_offsets = _same_bucket_token_steps(
+        sequence, step_offsets = same_bucket_token_steps(
             micro_bucket, micro_batch_real_tokens(prepared.lengths, micro), step_tokens,
             generator(seed, epoch, Purpose.STEP_ORDER), self.max_recurrence,
         )
         return replace(micro, sequence=sequence, step_offsets=step_offsets)
 
 
-def _same_bucket_token_steps(
+def same_bucket_token_steps(
     micro_bucket: np.ndarray,
     tokens: np.ndarray,
     step_tokens: int,

@@ -134,7 +134,7 @@ def sample_micro_batch(plan: Plan) -> np.ndarray:
     return owner
 
 
-def _pairs(group_sizes: np.ndarray) -> int:
+def pair_count(group_sizes: np.ndarray) -> int:
     sizes = group_sizes.astype(np.int64)
     return int((sizes * (sizes - 1) // 2).sum())
 
@@ -185,10 +185,10 @@ def _group_recurrence(first: np.ndarray, second: np.ndarray, second_groups: int)
     first, second = first[both], second[both]
     if first.size == 0:
         return float("nan"), 0
-    pairs_first = _pairs(np.bincount(first))
+    pairs_first = pair_count(np.bincount(first))
     joint_key = first * np.int64(second_groups) + second
     _, joint_counts = np.unique(joint_key, return_counts=True)
-    pairs_both = _pairs(joint_counts)
+    pairs_both = pair_count(joint_counts)
     if pairs_first == 0:
         return float("nan"), 0
     return pairs_both / pairs_first, pairs_first

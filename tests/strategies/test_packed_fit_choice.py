@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from strategies import Budget
-from strategies._random import Purpose, generator
+from strategies import Budget, Purpose, generator
 from strategies.builtin import PackedStrategy
 from strategies.kernels import best_fit_packed, first_fit_packed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies._assemble import real_slots_first
+from strategies.slots import real_slots_first
 
 
 def expected(table: np.ndarray, world_size: int, grad_accum: int) -> list:

@@ -1,4 +1,4 @@
-"""_same_bucket_token_steps: pure steps per bucket, the max_recurrence filter at its boundary, cuts inside buckets; token_steps passes max_recurrence on."""
+"""same_bucket_token_steps: pure steps per bucket, the max_recurrence filter at its boundary, cuts inside buckets; token_steps passes max_recurrence on."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import strategies.builtin as builtin
-from strategies._assemble import MicroBatches
-from strategies.builtin import BucketedStrategy, _same_bucket_token_steps
+from strategies import MicroBatches
+from strategies.builtin import BucketedStrategy, same_bucket_token_steps
 
 # bucket 0: six micro-batches (3 steps of 2), bucket 1: two (1 step); 10 tokens each, 20 per step
 BUCKETS = np.array([0, 0, 0, 0, 0, 0, 1, 1])
@@ -17,7 +17,7 @@ TOKENS = np.full(8, 10)
 
 
 def steps(micro_bucket, tokens, step_tokens, seed, max_recurrence):
-    sequence, offsets = _same_bucket_token_steps(
+    sequence, offsets = same_bucket_token_steps(
         np.asarray(micro_bucket), np.asarray(tokens), step_tokens, np.random.default_rng(seed), max_recurrence
     )
     assert offsets.dtype == np.int64
@@ -55,7 +55,7 @@ def test_token_steps_passes_its_max_recurrence(monkeypatch):
         seen.append((micro_bucket.tolist(), tokens.tolist(), step_tokens, max_recurrence))
         return np.arange(micro_bucket.size, dtype=np.int64), np.array([0, micro_bucket.size], dtype=np.int64)
 
-    monkeypatch.setattr(builtin, "_same_bucket_token_steps", recorder)
+    monkeypatch.setattr(builtin, "same_bucket_token_steps", recorder)
     micro = MicroBatches(
         np.array([0, 1, 2], dtype=np.int64), np.array([0, 2, 3], dtype=np.int64), np.array([0, 1], dtype=np.int64),
         {"edges": [4, 9]},

@@ -1,4 +1,4 @@
-"""sample_step and sample_micro_batch give -1 to every sample the plan does not contain; _pairs counts pairs in exact integers."""
+"""sample_step and sample_micro_batch give -1 to every sample the plan does not contain; pair_count counts pairs in exact integers."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def test_all_samples_present_has_no_minus_one():
 
 
 def test_pairs_are_counted_in_exact_integers():
-    from strategies.metrics import _pairs
+    from strategies.metrics import pair_count
 
     big = 3_000_000_000
-    assert _pairs(np.array([big], dtype=np.int64)) == big * (big - 1) // 2
-    assert _pairs(np.array([big, 3, 1, 0], dtype=np.int64)) == big * (big - 1) // 2 + 3
-    assert _pairs(np.array([4, 5], dtype=np.int32)) == 16
+    assert pair_count(np.array([big], dtype=np.int64)) == big * (big - 1) // 2
+    assert pair_count(np.array([big, 3, 1, 0], dtype=np.int64)) == big * (big - 1) // 2 + 3
+    assert pair_count(np.array([4, 5], dtype=np.int32)) == 16

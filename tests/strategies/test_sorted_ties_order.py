@@ -7,8 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from strategies import Budget
-from strategies._random import STATIC_EPOCH, Purpose, generator
+from strategies import STATIC_EPOCH, Budget, Purpose, generator
 from strategies.builtin import SortedStrategy
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies._assemble import token_slot_table
+from strategies.slots import token_slot_table
 
 
 def test_no_steps():

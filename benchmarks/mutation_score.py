@@ -55,7 +55,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/strategies/test_modelled_bucket_recurrence.py", "tests/strategies/test_packed_fit_choice.py",
          "tests/strategies/test_real_slots_first_order.py", "tests/strategies/test_same_bucket_token_steps.py",
          "tests/strategies/test_sample_step_missing.py", "tests/strategies/test_sorted_ties_order.py",
-         "tests/strategies/test_token_slot_table_empty.py"],
+         "tests/strategies/test_token_slot_table_empty.py", "tests/strategies/test_recurrence_dropped_samples.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
@@ -373,6 +373,12 @@ EQUIVALENT: dict[str, str] = {
     "numpy (checked: np.full((2, 3), -1).dtype == int64)",
     "strategies.metrics.x_sample_micro_batch__mutmut_7": "np.full with no dtype takes the dtype of the fill value -1, a Python int: int64 on this 64-bit Linux "
     "numpy (checked: np.full((2, 3), -1).dtype == int64)",
+    "strategies.metrics.x__group_recurrence__mutmut_9": "first.size == 1 instead of == 0: one sample in both epochs has no pair, so "
+    "pairs_first == 0 returns (nan, 0) a few lines on, as the early return does; with none, bincount of an empty array is "
+    "empty and the same check returns (nan, 0)",
+    "strategies.metrics.x__group_recurrence__mutmut_12": "float('NAN') is float('nan'): Python reads nan case-insensitively",
+    "strategies.metrics.x__group_recurrence__mutmut_18": "first * G - second is as injective as first * G + second for second in "
+    "[0, G): two keys meet only if (f - f') * G == s - s', and |s - s'| < G; so the same pairs share a key",
 }
 
 

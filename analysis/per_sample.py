@@ -1,4 +1,4 @@
-"""The planned contrasts per held-out sample: a secondary analysis beside the primary per-seed test, never instead.
+"""The planned contrasts with held-out documents treated as sampled too: an interval over seeds and documents.
 
 Each run's ``eval_samples.jsonl`` holds, at every evaluation, every held-out sample's Σw·CE and Σw
 (:mod:`harness.train.loop.evaluator`). At a run's final evaluation its held-out loss is ``Σ_i ce_i / Σ_i w_i``,
@@ -6,11 +6,12 @@ and ``w_i`` is the same under every strategy and seed (one fixed held-out plan, 
 So for a contrast A vs B over seeds ``s`` the per-sample differences ``d_si = ce_A,si − ce_B,si`` give back the
 primary effect exactly, ``Σ_s Σ_i d_si / (S · Σ_i w_i)`` = the mean over seeds of final_eval_loss(A) − (B).
 
-What they add is an interval that carries both spreads: a hierarchical bootstrap (seeds resampled with
-replacement, then held-out samples, :data:`ROUNDS` rounds from a fixed generator), and the share of held-out samples
-whose loss over the seeds is lower under A (how widely an effect is shared). Over few seeds the seed level still
-dominates, and resampling 3 seeds understates their spread (a bootstrap of n values has (n − 1)/n of their
-variance and few distinct draws): the interval is no substitute for the primary t interval, and no test is made.
+The primary (seed-only) interval treats the held-out documents as fixed. :func:`crossed_interval` treats seeds and
+documents as two crossed random samples (a two-way random-effects model, seed × document, on each pair's
+linearised per-document effects) and adds the documents' variance component to the seeds'. Its seed part is the
+paired t's exactly. Written by hand: for a balanced crossed design the method-of-moments components are closed
+form (REML's, where both are positive: tested against statsmodels' ``MixedLM``), and the interval needs
+Satterthwaite's degrees of freedom, where ``MixedLM`` gives a normal (Wald) interval, too narrow over a few seeds.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ import pandas as pd
 #: the per-sample file of a run directory (harness.train.loop.evaluator.EVAL_SAMPLES_FILE; analysis never
 #: imports the trainer)
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
-#: bootstrap rounds and the generator's seed
-ROUNDS = 2000
-BOOTSTRAP_SEED = 20261206
+#: the intervals' confidence level
+LEVEL = 0.95
 
 
 def final_samples(run_dir: str | Path) -> pd.DataFrame | None:
@@ -47,16 +47,76 @@ def final_samples(run_dir: str | Path) -> pd.DataFrame | None:
 
 
 @dataclass(frozen=True)
+class CrossedInterval:
+    """A mean effect's interval with seeds alone random (the paired t's) and with seeds and documents random."""
+    effect: float
+    seed_interval: tuple[float, float]
+    """The paired t interval over seeds (df S − 1): documents fixed."""
+    interval: tuple[float, float]
+    """Seeds and documents random: t with Satterthwaite's df on the two variance components."""
+    standard_error: float
+    """The crossed interval's standard error: ``sqrt`` of the seeds' variance plus the documents'."""
+    df: float
+    """The crossed interval's degrees of freedom (S − 1 when the documents' component estimates to zero)."""
+    document_share: float
+    """The documents' part of the crossed variance, in [0, 1)."""
+
+
+def crossed_interval(diffs: np.ndarray, weights: np.ndarray, level: float = LEVEL) -> CrossedInterval:
+    """``diffs`` ``[S, N]``: A − B of Σw·CE per seed and document; ``weights`` ``[N]``: each document's Σw.
+
+    The effect is ``Σ diffs / (S · Σ w)``; each document's share of it is linearised (the delta method for a ratio
+    of sums), ``x_si = (d_si − effect · w_i) · N / Σw + effect``, so that row means are the per-seed effects. On
+    ``x``: ``Var = (MS_seed + MS_doc − MS_err) / (S · N)``, the documents' part ``(MS_doc − MS_err) / (S · N)``
+    floored at 0. Needs S ≥ 2 and N ≥ 2.
+    """
+    from scipy import stats
+
+    diffs = np.asarray(diffs, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    seeds, documents = diffs.shape
+    if seeds < 2 or documents < 2 or weights.shape != (documents,):
+        raise ValueError(f"a crossed interval needs diffs [seeds >= 2, documents >= 2] and weights [documents], got "
+                         f"{diffs.shape} and {weights.shape}")
+    total = weights.sum()
+    effect = float(diffs.sum() / (seeds * total))
+    x = (diffs - effect * weights) * (documents / total) + effect
+    rows, columns = x.mean(axis=1), x.mean(axis=0)
+    ms_seed = documents * float(((rows - effect) ** 2).sum()) / (seeds - 1)
+    ms_document = seeds * float(((columns - effect) ** 2).sum()) / (documents - 1)
+    residual = x - rows[:, None] - columns[None, :] + effect
+    ms_error = float((residual ** 2).sum()) / ((seeds - 1) * (documents - 1))
+    cells = seeds * documents
+    seed_variance = ms_seed / cells
+    document_variance = max(0.0, (ms_document - ms_error) / cells)
+    quantile = 0.5 + level / 2
+    seed_half = float(stats.t.ppf(quantile, seeds - 1)) * math.sqrt(seed_variance)
+    if document_variance > 0:
+        terms = [(ms_seed, seeds - 1), (ms_document, documents - 1), (-ms_error, (seeds - 1) * (documents - 1))]
+        df = (ms_seed + ms_document - ms_error) ** 2 / sum(term ** 2 / dof for term, dof in terms)
+    else:
+        df = float(seeds - 1)
+    variance = seed_variance + document_variance
+    half = float(stats.t.ppf(quantile, df)) * math.sqrt(variance)
+    return CrossedInterval(effect, (effect - seed_half, effect + seed_half), (effect - half, effect + half),
+                           math.sqrt(variance), float(df),
+                           document_variance / variance if variance > 0 else 0.0)
+
+
+@dataclass(frozen=True)
 class SampleContrast:
-    """A vs B from the held-out samples: the pooled effect (the primary's), its hierarchical-bootstrap interval,
-    and the share of samples on which A's loss is lower."""
+    """A vs B from the held-out samples: the pooled effect (the primary's), its intervals over seeds alone and over
+    seeds and documents, and the share of samples on which A's loss is lower."""
     a: str
     b: str
     seeds: tuple[int, ...]
     samples: int
-    effect: float
-    interval: tuple[float, float]
+    crossed: CrossedInterval
     share_a_lower: float
+
+    @property
+    def effect(self) -> float:
+        return self.crossed.effect
 
 
 def run_samples(per_run: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame | None]:
@@ -66,8 +126,7 @@ def run_samples(per_run: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame | N
             else None for row in per_run.itertuples(index=False)}
 
 
-def sample_contrast(per_run: pd.DataFrame, a: str, b: str, rounds: int = ROUNDS, seed: int = BOOTSTRAP_SEED,
-                    samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> SampleContrast | None:
+def sample_contrast(per_run: pd.DataFrame, a: str, b: str, samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> SampleContrast | None:
     """``per_run``: one row per run with ``strategy``, ``seed`` and ``path`` (its directory); ``samples``: their
     :func:`run_samples`, when already read. None when a run of the pair lacks per-sample lines or the two
     strategies share fewer than two seeds."""
@@ -86,18 +145,11 @@ def sample_contrast(per_run: pd.DataFrame, a: str, b: str, rounds: int = ROUNDS,
     weights = reference["weight_sum"].to_numpy(dtype=np.float64)
     diffs = np.stack([tables[a, s]["weighted_ce_sum"].to_numpy(dtype=np.float64)
                       - tables[b, s]["weighted_ce_sum"].to_numpy(dtype=np.float64) for s in seeds])  # [S, N]
-    effect = float(diffs.sum() / (len(seeds) * weights.sum()))
-    rng = np.random.default_rng(seed)
-    estimates = np.empty(rounds)
-    for k in range(rounds):
-        pick_seeds = rng.integers(0, len(seeds), len(seeds))
-        pick_samples = rng.integers(0, weights.size, weights.size)
-        estimates[k] = diffs[np.ix_(pick_seeds, pick_samples)].sum() / (len(seeds) * weights[pick_samples].sum())
-    low, high = np.quantile(estimates, [0.025, 0.975])
+    crossed = crossed_interval(diffs, weights)
     per_sample = diffs.mean(axis=0)
     counted = weights > 0
     share = float((per_sample[counted] < 0).mean()) if counted.any() else math.nan
-    return SampleContrast(a, b, seeds, int(weights.size), effect, (float(low), float(high)), share)
+    return SampleContrast(a, b, seeds, int(weights.size), crossed, share)
 
 
 def sample_sentences(per_run: pd.DataFrame, contrasts: list[tuple[str, str]]) -> list[str]:
@@ -108,9 +160,11 @@ def sample_sentences(per_run: pd.DataFrame, contrasts: list[tuple[str, str]]) ->
         result = sample_contrast(per_run, a, b, samples=samples)
         if result is None:
             continue
-        low, high = result.interval
+        crossed = result.crossed
+        (seed_low, seed_high), (low, high) = crossed.seed_interval, crossed.interval
         sentences.append(
-            f"{a} vs {b}, per held-out sample (secondary): held-out loss {result.effect:+.3f} (95% hierarchical "
-            f"bootstrap over {len(result.seeds)} seeds and {result.samples} samples {low:+.3f} to {high:+.3f}); "
-            f"{a} is lower on {result.share_a_lower:.0%} of the samples.")
+            f"{a} vs {b}: held-out loss {crossed.effect:+.3f}; {LEVEL:.0%} interval over the {len(result.seeds)} "
+            f"seeds {seed_low:+.3f} to {seed_high:+.3f} (documents fixed), over seeds and the {result.samples} "
+            f"documents {low:+.3f} to {high:+.3f} (df {crossed.df:.1f}, documents {crossed.document_share:.0%} of "
+            f"its variance); {a} is lower on {result.share_a_lower:.0%} of the documents.")
     return sentences

@@ -39,7 +39,9 @@ KINDS = ("superiority", "equivalence")
 TARGET_POWER = 0.8
 MAX_SEEDS = 1000  # where the search for "needs n" stops (an effect that small is no difference to plan for)
 KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "pilot_runs", "confirmatory_seeds", "contrasts",
-        "margin_rationale", "artefact", "seed_budget"}
+        "margin_rationale", "artefact", "seed_budget", "interval"}
+#: the intervals a preregistration may declare to decide its verdicts, each as the report names it
+INTERVALS = {"seeds": "by the paired t over seeds (the held-out documents fixed)"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ class Preregistration:
     pilot_differences: tuple[tuple[float, ...], ...] = field(default=(), metadata={"read_from": "pilot_runs"})
     """Per contrast (in ``contrasts``' order), the pilot's A − B on the endpoint at each pilot seed (sorted), read from
     ``pilot_runs`` (no key of the file); empty without it."""
+    interval: str = "seeds"
+    """Which interval decides the verdicts (:data:`INTERVALS`): ``seeds``, the paired t over seeds. The interval over
+    seeds and documents (:mod:`analysis.per_sample`) is reported beside it."""
 
 
 def load_preregistration(path: str | Path) -> Preregistration:
@@ -141,10 +146,16 @@ def load_preregistration(path: str | Path) -> Preregistration:
         raise ValueError(f"{path}: seed_budget={budget!r}: give the most confirmatory seeds the budget holds (>= 2)")
     if budget is not None and len(confirmatory) > budget:
         raise ValueError(f"{path}: {len(confirmatory)} confirmatory seeds over the seed_budget of {budget}")
+    interval = raw.get("interval", "seeds")
+    if interval not in INTERVALS:
+        raise ValueError(f"{path}: interval={interval!r}: choose one of {sorted(INTERVALS)} (which interval decides the "
+                         "verdicts; deciding on the interval over seeds and documents is not built, and it is "
+                         "reported beside the verdicts either way)")
     pilot_runs = raw.get("pilot_runs") or ""
     differences = _pilot_differences(path, pilot_runs, str(raw["endpoint"]), pilot, contrasts) if pilot_runs else ()
     return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
-                           str(raw.get("margin_rationale") or ""), artefact, budget, pilot_runs, differences)
+                           str(raw.get("margin_rationale") or ""), artefact, budget, pilot_runs, differences,
+                           interval)
 
 
 def _pilot_file(path: Path, pilot_runs: str) -> Path:

@@ -109,7 +109,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     planned, planned_section = [], ""
     if plan is not None:
         from analysis.agreement import with_agreement
-        from analysis.planned import planned_frame, planned_markdown, planned_results
+        from analysis.planned import INTERVALS, planned_frame, planned_markdown, planned_results
 
         planned = planned_results(per_run, plan)
         answer = with_agreement(answer or (), planned, reference)
@@ -118,10 +118,10 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
 
         with_paths = per_run.merge(sweep.runs[["run", "path"]], on="run", how="left")
         secondary = sample_sentences(with_paths, [(c.a, c.b) for c in plan.contrasts])
-        if secondary:  # the runs wrote eval_samples.jsonl: the same effects, with both spreads in the interval
-            planned_section += ("\nSecondary, per held-out sample (beside the primary test, never instead: "
-                                "analysis/per_sample.py; over few seeds the bootstrap understates the seeds' "
-                                "spread, so its interval is narrower than the primary's for that reason too):\n\n"
+        if secondary:  # the runs wrote eval_samples.jsonl: the same effects, documents treated as sampled too
+            planned_section += ("\nThe same contrasts with the held-out documents treated as a sample too (secondary: "
+                                f"the verdicts above are decided {INTERVALS[plan.interval]}, as the preregistration "
+                                "declares; analysis/per_sample.py):\n\n"
                                 + "\n".join(f"- {line}" for line in secondary) + "\n")
     out_dir.mkdir(parents=True, exist_ok=True)
     if planned:

@@ -178,8 +178,8 @@ def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_
 
 
 # ------------------------------------------------------------------ the preregistration file, field by field
-KEYS_TEXT = ("['alpha', 'artefact', 'better', 'confirmatory_seeds', 'contrasts', 'endpoint', 'margin_rationale', "
-             "'pilot_runs', 'pilot_seeds', 'seed_budget']")
+KEYS_TEXT = ("['alpha', 'artefact', 'better', 'confirmatory_seeds', 'contrasts', 'endpoint', 'interval', "
+             "'margin_rationale', 'pilot_runs', 'pilot_seeds', 'seed_budget']")
 MINIMAL = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": [{"a": "x", "b": "y", "kind": "superiority"}]}
 
 
@@ -202,12 +202,21 @@ def test_a_minimal_preregistration_takes_the_defaults(tmp_path):
     equivalence), no artefact to check, no seed budget."""
     plan = load_preregistration(plan_file(tmp_path))
     assert plan == Preregistration("final_eval_loss", "lower", 0.05, (Contrast("x", "y", "superiority"),))
-    assert (plan.margin_rationale, plan.artefact, plan.seed_budget) == ("", "", None)
+    assert (plan.margin_rationale, plan.artefact, plan.seed_budget, plan.interval) == ("", "", None, "seeds")
+
+
+def test_both_studies_declare_that_the_seed_interval_decides(monkeypatch):
+    """The verdicts were declared on the paired t over seeds; the crossed interval is reported beside them."""
+    conf = Path(__file__).resolve().parents[2] / "conf" / "preregistration"
+    monkeypatch.chdir(conf.parents[1])  # pilot_runs are named from the repository root
+    for name in ("strategies", "study_real"):
+        assert load_preregistration(conf / f"{name}.yaml").interval == "seeds"
+    assert "interval: seeds" in (conf / "strategies.yaml").read_text()  # declared, not the default
 
 
 def test_every_field_of_a_full_preregistration_is_read(tmp_path):
     path = plan_file(tmp_path, better="higher", alpha=0.49, pilot_seeds=[0, 1], confirmatory_seeds=[7, 5],
-                     artefact="abc123", seed_budget=2, margin_rationale="  a quarter\n of the gap ",
+                     artefact="abc123", seed_budget=2, margin_rationale="  a quarter\n of the gap ", interval="seeds",
                      contrasts=[{"a": "x", "b": "y", "kind": "superiority"},
                                 {"a": 1, "b": "z", "kind": "equivalence", "margin": 1}])
     assert load_preregistration(path) == Preregistration(
@@ -266,6 +275,9 @@ def test_a_file_that_is_not_a_mapping_is_refused_listing_the_keys(tmp_path):
     ({"seed_budget": "3"}, "seed_budget='3': give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": True}, "seed_budget=True: give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": 2, "confirmatory_seeds": [10, 11, 12]}, "3 confirmatory seeds over the seed_budget of 2"),
+    ({"interval": "seeds_and_documents"}, "interval='seeds_and_documents': choose one of ['seeds'] (which interval "
+     "decides the verdicts; deciding on the interval over seeds and documents is not built, and it is reported beside "
+     "the verdicts either way)"),
 ])
 def test_each_refusal_names_the_file_the_field_and_the_fix(tmp_path, fields, message):
     path = plan_file(tmp_path, **fields)

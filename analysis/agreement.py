@@ -3,8 +3,10 @@ embedded default's main job, contrast by contrast.
 
 Both designs declare the same planned contrasts (``conf/preregistration/study_real.yaml`` and ``strategies.yaml``).
 For each contrast the two verdicts (better / worse / no difference found / equivalent / not equivalent /
-inconclusive, :mod:`analysis.planned`) are set side by side with their effects and intervals; they *agree* when the
-verdicts are the same, and otherwise the line says which way each went. The effects are in each design's own units
+inconclusive, :mod:`analysis.planned`) are set side by side with their effects and intervals. They *agree* when the
+verdicts are the same and *conflict* when both are decisive and differ; where one is undecided (inconclusive) the
+line says whether its effect points the way of the other's verdict. An undecided verdict is never counted as a
+disagreement. The effects are in each design's own units
 (nats of its own held-out loss): their sizes are not compared, only their verdicts and signs.
 """
 
@@ -19,6 +21,25 @@ def verdict_kind(result: PlannedResult) -> str:
     """The verdict without anything after a dash (a stored one may read "inconclusive — needs 9 seeds": the
     observed-power wording the verdicts no longer carry)."""
     return result.verdict.split(" — ")[0]
+
+
+#: verdicts that decide nothing
+UNDECIDED = ("inconclusive", "no difference found")
+
+
+def relation(result: PlannedResult, other: PlannedResult) -> str:
+    """``agrees``, ``conflicts`` (both decisive, different), ``one inconclusive, same direction`` (a superiority
+    contrast whose undecided effect has the decisive effect's sign) or ``one inconclusive``."""
+    mine, theirs = verdict_kind(result), verdict_kind(other)
+    if mine == theirs:
+        return "agrees"
+    if mine not in UNDECIDED and theirs not in UNDECIDED:
+        return "conflicts"
+    if mine in UNDECIDED and theirs in UNDECIDED:
+        return "agrees"
+    same_sign = result.mean_difference * other.mean_difference > 0
+    return "one inconclusive, same direction" if result.contrast.kind == "superiority" and same_sign else \
+        "one inconclusive"
 
 
 def _effect(result: PlannedResult) -> str:
@@ -43,8 +64,7 @@ def agreement_lines(results: Sequence[PlannedResult], reference: Sequence[Planne
         if other is None:
             lines.append(f"{c.a} vs {c.b} ({c.kind}): {name} {_effect(result)}; not a contrast of {reference_name}.")
             continue
-        same = verdict_kind(result) == verdict_kind(other)
-        lines.append(f"{c.a} vs {c.b} ({c.kind}): **{'agrees' if same else 'differs'}** — {name} {_effect(result)}; "
+        lines.append(f"{c.a} vs {c.b} ({c.kind}): **{relation(result, other)}** — {name} {_effect(result)}; "
                      f"{reference_name} {_effect(other)}.")
     return lines
 
@@ -52,9 +72,14 @@ def agreement_lines(results: Sequence[PlannedResult], reference: Sequence[Planne
 def agreement_section(results: Sequence[PlannedResult], reference: Sequence[PlannedResult], name: str,
                       reference_name: str, source: str) -> list[str]:
     """The summary's lines: a heading sentence naming the reference's runs, then :func:`agreement_lines`."""
-    agree = sum(o is not None and verdict_kind(r) == verdict_kind(o) for r, o in _paired(results, reference))
-    head = (f"Against {reference_name} (its runs: `{source}`), the verdicts agree on {agree} of "
-            f"{len(results)} planned contrasts (effects in each design's own nats; only verdicts are compared):")
+    relations = [relation(r, o) for r, o in _paired(results, reference) if o is not None]
+    undecided = sum(r.startswith("one inconclusive") for r in relations)
+    head = (f"Against {reference_name} (its runs: `{source}`), the verdicts agree on {relations.count('agrees')} of "
+            f"{len(results)} planned contrasts and conflict on {relations.count('conflicts')}")
+    if undecided:
+        head += (f"; on {undecided} one design is inconclusive, {relations.count('one inconclusive, same direction')} "
+                 "of them with its effect in the other's direction")
+    head += " (effects in each design's own nats; verdicts and directions are compared, not sizes):"
     return [head, ""] + [f"- {line}" for line in agreement_lines(results, reference, name, reference_name)]
 
 

@@ -28,7 +28,8 @@ pilot's effect and spread, with its range over the pilot effect's 95% t interval
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,9 @@ KINDS = ("superiority", "equivalence")
 TARGET_POWER = 0.8
 MAX_SEEDS = 1000  # where the search for "needs n" stops (an effect that small is no difference to plan for)
 KEYS = {"endpoint", "better", "alpha", "pilot_seeds", "pilot_runs", "confirmatory_seeds", "contrasts",
-        "margin_rationale", "artefact", "seed_budget", "interval"}
+        "margin_rationale", "artefact", "seed_budget", "interval", "exploratory", "secondary", "combine"}
+#: the keys of ``secondary``: a second endpoint's own family (the rest is the file's)
+SECONDARY_KEYS = {"endpoint", "better", "contrasts", "margin_rationale"}
 #: the intervals a preregistration may declare to decide its verdicts, each as the report names it
 INTERVALS = {"seeds": "by the paired t over seeds (the held-out documents fixed)"}
 
@@ -89,9 +92,18 @@ class Preregistration:
     pilot_differences: tuple[tuple[float, ...], ...] = field(default=(), metadata={"read_from": "pilot_runs"})
     """Per contrast (in ``contrasts``' order), the pilot's A − B on the endpoint at each pilot seed (sorted), read from
     ``pilot_runs`` (no key of the file); empty without it."""
+    exploratory: str = ""
+    """Why the contrasts are exploratory although declared (e.g. declared after a result of the same question had
+    been seen); empty: a confirmatory test. The summary and report then say so where they name the file."""
     interval: str = "seeds"
     """Which interval decides the verdicts (:data:`INTERVALS`): ``seeds``, the paired t over seeds. The interval over
     seeds and documents (:mod:`analysis.per_sample`) is reported beside it."""
+    secondary: Preregistration | None = None
+    """A second endpoint's own family, ``{endpoint, better, contrasts, margin_rationale}``; None: one endpoint.
+
+    It takes the file's seeds, α, data and pilot; Holm runs over its contrasts alone."""
+    combine: str = ""
+    """How the two endpoints' verdicts combine into the answer, declared with them (required with ``secondary``)."""
 
 
 def load_preregistration(path: str | Path) -> Preregistration:
@@ -107,6 +119,33 @@ def load_preregistration(path: str | Path) -> Preregistration:
     unknown = sorted(set(raw) - KEYS)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {unknown}; the keys are {sorted(KEYS)}")
+    plan = _family(path, {k: v for k, v in raw.items() if k not in ("secondary", "combine")})
+    if "secondary" not in raw:
+        if raw.get("combine"):
+            raise ValueError(f"{path}: combine without a secondary endpoint; declare secondary, or leave combine out")
+        return plan
+    secondary = raw["secondary"]
+    if not isinstance(secondary, dict) or set(secondary) - SECONDARY_KEYS or {"endpoint", "better"} - set(secondary):
+        raise ValueError(f"{path}: secondary={secondary!r}: give {{endpoint, better, contrasts, margin_rationale}} "
+                         "(the second endpoint's own family; seeds, alpha, data and pilot are the file's)")
+    combine = " ".join(str(raw.get("combine") or "").split())
+    if not combine:
+        raise ValueError(f"{path}: a secondary endpoint needs combine: say, before the runs, how the two endpoints' "
+                         "verdicts combine into the answer")
+    keep = {k: v for k, v in raw.items() if k not in ("secondary", "combine", "margin_rationale", "contrasts")}
+    try:
+        family = _family(path, {**keep, **secondary})
+    except ValueError as error:  # the field it names is secondary's: ``secondary.better=...``, else ``secondary: ...``
+        message = str(error).removeprefix(f"{path}: ")
+        joint = "." if re.match(r"[a-z_]+(\[\d+\])?(=|\.| \()", message) else ": "
+        raise ValueError(f"{path}: secondary{joint}{message}") from None
+    if family.endpoint == plan.endpoint:
+        raise ValueError(f"{path}: secondary.endpoint={family.endpoint!r} is the primary endpoint; give another")
+    return replace(plan, secondary=family, combine=combine)
+
+
+def _family(path: Path, raw: dict[str, Any]) -> Preregistration:
+    """One endpoint's declared family from the file's mapping ``raw`` (no ``secondary``)."""
     if raw.get("better") not in ("lower", "higher"):
         raise ValueError(f"{path}: better={raw.get('better')!r}: give 'lower' or 'higher' (which way the endpoint "
                          "improves)")
@@ -151,11 +190,15 @@ def load_preregistration(path: str | Path) -> Preregistration:
         raise ValueError(f"{path}: interval={interval!r}: choose one of {sorted(INTERVALS)} (which interval decides the "
                          "verdicts; deciding on the interval over seeds and documents is not built, and it is "
                          "reported beside the verdicts either way)")
+    exploratory = raw.get("exploratory") or ""
+    if not isinstance(exploratory, str):
+        raise ValueError(f"{path}: exploratory={exploratory!r}: say in words why the contrasts are exploratory, or "
+                         "leave it out (a confirmatory test)")
     pilot_runs = raw.get("pilot_runs") or ""
     differences = _pilot_differences(path, pilot_runs, str(raw["endpoint"]), pilot, contrasts) if pilot_runs else ()
     return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
                            str(raw.get("margin_rationale") or ""), artefact, budget, pilot_runs, differences,
-                           interval)
+                           " ".join(exploratory.split()), interval)
 
 
 def _pilot_file(path: Path, pilot_runs: str) -> Path:
@@ -455,9 +498,21 @@ def seeds_words(results: list[PlannedResult], plan: Preregistration) -> str:
 
 def verdict_lines(results: list[PlannedResult], plan: Preregistration, source: str) -> list[str]:
     """The answer in words, one sentence per planned contrast (the summary's opening, pasted in the README)."""
-    heading = (f"Planned contrasts (pre-registered in `{source}`; {plan.endpoint}, {plan.better} is better, Holm over "
-               f"the {len(results)} at α = {plan.alpha:g}), on {seeds_words(results, plan)}:")
+    declared = (f"Exploratory contrasts (declared in `{source}`, {plan.exploratory}" if plan.exploratory
+                else f"Planned contrasts (pre-registered in `{source}`")
+    heading = (f"{declared}; {plan.endpoint}, {plan.better} is better, Holm over the {len(results)} at "
+               f"α = {plan.alpha:g}), on {seeds_words(results, plan)}:")
     return [heading, "", *(f"- {r.sentence(plan.endpoint)}" for r in results)]
+
+
+def secondary_lines(results: list[PlannedResult], plan: Preregistration, source: str) -> list[str]:
+    """The secondary endpoint's verdicts (``results``: :func:`planned_results` of ``plan.secondary``), then how the
+    two endpoints combine, as declared."""
+    family = plan.secondary
+    heading = (f"Secondary endpoint (declared in `{source}`; {family.endpoint}, {family.better} is better, its own "
+               f"Holm over the {len(results)} at α = {family.alpha:g}), on {seeds_words(results, family)}:")
+    return [heading, "", *(f"- {r.sentence(family.endpoint)}" for r in results), "",
+            f"How the endpoints combine (declared with them): {plan.combine}"]
 
 
 def planned_markdown(results: list[PlannedResult], plan: Preregistration, source: str) -> str:
@@ -465,6 +520,10 @@ def planned_markdown(results: list[PlannedResult], plan: Preregistration, source
     lines = [f"## Planned contrasts (pre-registered: `{source}`)", "",
              (f"Primary endpoint `{plan.endpoint}` ({plan.better} is better), α = {plan.alpha:g}, Holm over the "
               f"{len(results)} planned contrasts only; everything else in this report is exploratory."), ""]
+    if plan.exploratory:
+        lines[0] = f"## Declared contrasts, exploratory (`{source}`)"
+        lines[2] = (f"Exploratory: {plan.exploratory}. Endpoint `{plan.endpoint}` ({plan.better} is better), "
+                    f"α = {plan.alpha:g}, Holm over the {len(results)} declared contrasts.")
     lines += [f"- {r.sentence(plan.endpoint)}" for r in results]
     if plan.margin_rationale:
         lines += ["", f"Margin: {' '.join(plan.margin_rationale.split())}"]

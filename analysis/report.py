@@ -117,15 +117,23 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
         from analysis.per_sample import sample_sentences
 
         with_paths = per_run.merge(sweep.runs[["run", "path"]], on="run", how="left")
-        secondary = sample_sentences(with_paths, [(c.a, c.b) for c in plan.contrasts])
-        if secondary:  # the runs wrote eval_samples.jsonl: the same effects, documents treated as sampled too
+        crossed = sample_sentences(with_paths, [(c.a, c.b) for c in plan.contrasts])
+        if crossed:  # the runs wrote eval_samples.jsonl: the same effects, documents treated as sampled too
             planned_section += ("\nThe same contrasts with the held-out documents treated as a sample too (secondary: "
                                 f"the verdicts above are decided {INTERVALS[plan.interval]}, as the preregistration "
                                 "declares; analysis/per_sample.py):\n\n"
-                                + "\n".join(f"- {line}" for line in secondary) + "\n")
+                                + "\n".join(f"- {line}" for line in crossed) + "\n")
+        if plan.secondary is not None:
+            from analysis.planned import secondary_lines
+
+            secondary_results = planned_results(per_run, plan.secondary)
+            planned_section += "\n" + "\n".join(secondary_lines(secondary_results, plan, plan_source)) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     if planned:
-        planned_frame(planned).to_csv(out_dir / "planned.csv", index=False)
+        frames = [planned_frame(planned).assign(endpoint=plan.endpoint)]
+        if plan.secondary is not None:
+            frames.append(planned_frame(secondary_results).assign(endpoint=plan.secondary.endpoint))
+        pd.concat(frames, ignore_index=True).to_csv(out_dir / "planned.csv", index=False)
         (out_dir / "planned.md").write_text(planned_section)
     table = strategy_table(per_run)
     timing = timing_check(per_run)

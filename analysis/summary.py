@@ -64,9 +64,11 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
     buys and the mechanism's parts, from their stored tables)."""
     opening: list[str] = []
     if plan is not None:
-        from analysis.planned import planned_results, verdict_lines
+        from analysis.planned import planned_results, secondary_lines, verdict_lines
 
         opening = [*verdict_lines(planned_results(runs, plan), plan, plan_source), ""]
+        if plan.secondary is not None:
+            opening += [*secondary_lines(planned_results(runs, plan.secondary), plan, plan_source), ""]
     opening += list(answer)
     per_run = runs.copy()
     per_run["relative_throughput"], reference = relative_throughput(per_run)

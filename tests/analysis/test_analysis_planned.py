@@ -178,8 +178,8 @@ def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_
 
 
 # ------------------------------------------------------------------ the preregistration file, field by field
-KEYS_TEXT = ("['alpha', 'artefact', 'better', 'confirmatory_seeds', 'contrasts', 'endpoint', 'interval', "
-             "'margin_rationale', 'pilot_runs', 'pilot_seeds', 'seed_budget']")
+KEYS_TEXT = ("['alpha', 'artefact', 'better', 'combine', 'confirmatory_seeds', 'contrasts', 'endpoint', 'exploratory', "
+             "'interval', 'margin_rationale', 'pilot_runs', 'pilot_seeds', 'secondary', 'seed_budget']")
 MINIMAL = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": [{"a": "x", "b": "y", "kind": "superiority"}]}
 
 
@@ -275,6 +275,8 @@ def test_a_file_that_is_not_a_mapping_is_refused_listing_the_keys(tmp_path):
     ({"seed_budget": "3"}, "seed_budget='3': give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": True}, "seed_budget=True: give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": 2, "confirmatory_seeds": [10, 11, 12]}, "3 confirmatory seeds over the seed_budget of 2"),
+    ({"exploratory": True}, "exploratory=True: say in words why the contrasts are exploratory, or leave it out (a "
+                            "confirmatory test)"),
     ({"interval": "seeds_and_documents"}, "interval='seeds_and_documents': choose one of ['seeds'] (which interval "
      "decides the verdicts; deciding on the interval over seeds and documents is not built, and it is reported beside "
      "the verdicts either way)"),
@@ -583,6 +585,21 @@ def test_verdict_lines_open_with_the_plan_and_the_seeds_then_a_sentence_each():
         "",
         f"- {SUPERIORITY.sentence('final_eval_loss')}",
     ]
+
+
+def test_a_declared_exploratory_design_is_never_called_pre_registered(tmp_path):
+    from analysis.planned import planned_markdown, verdict_lines
+
+    plan = load_preregistration(plan_file(tmp_path, exploratory=" declared after\n a result "))
+    assert plan.exploratory == "declared after a result"
+    heading = verdict_lines([SUPERIORITY], plan, "conf/p.yaml")[0]
+    assert heading.startswith("Exploratory contrasts (declared in `conf/p.yaml`, declared after a result; ")
+    section = planned_markdown([SUPERIORITY], plan, "conf/p.yaml")
+    assert section.startswith("## Declared contrasts, exploratory (`conf/p.yaml`)\n\n"
+                              "Exploratory: declared after a result.")
+    assert "pre-registered" not in heading + section and "planned contrasts only" not in section
+    own_lr = Path(__file__).resolve().parents[2] / "conf" / "preregistration" / "own_lr.yaml"
+    assert load_preregistration(own_lr).exploratory  # committed after an earlier own-lr result had been seen
 
 
 def test_planned_frame_has_one_row_per_contrast_with_every_column():

@@ -362,6 +362,8 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     declared["contrasts"] = [{"a": strategies[0], "b": strategies[1], "kind": "superiority"},
                              {"a": strategies[0], "b": strategies[-1], "kind": "equivalence", "margin": 0.5}]
     declared.pop("pilot_runs")  # the main job's pilot ran none of these contrasts: no design-time power here
+    declared["secondary"] = {"endpoint": "final_eval_tau", "better": "higher", "contrasts": declared["contrasts"][:1]}
+    declared["combine"] = "loss decides; τ agrees or is reported beside it"
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(declared, allow_unicode=True))
     # declared on the shipped artefact: this sweep trained on other data, so it is another experiment
@@ -374,6 +376,13 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert main([str(sweep_dir), "--out", str(out), "--preregistration", str(plan)]) == 0
     printed = capsys.readouterr().out
     frame = pd.read_csv(out / "planned.csv")
+    secondary = frame[frame["endpoint"] == "final_eval_tau"]  # its own family's row, after the primary's
+    assert list(secondary["contrast"]) == [f"{strategies[0]} vs {strategies[1]}"] and secondary.index[0] == 2
+    planned_md = (out / "planned.md").read_text()
+    assert planned_md.index("Secondary endpoint (declared in") > planned_md.index("95% interval over the")
+    assert "How the endpoints combine (declared with them): loss decides; τ agrees or is reported beside it" in \
+        planned_md
+    frame = frame[frame["endpoint"] == "final_eval_loss"]
     assert list(frame["contrast"]) == [f"{strategies[0]} vs {strategies[1]}", f"{strategies[0]} vs {strategies[-1]}"]
     assert all(v in printed for v in frame["verdict"])
     assert not {"power", "needs_seeds"} & set(frame.columns)  # never the power at the effect these runs found

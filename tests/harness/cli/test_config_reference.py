@@ -65,7 +65,11 @@ def conf_keys(path: Path) -> list[str]:
     # a _global_ file (experiment, step_mode) and train.yaml set keys of the whole tree; a preregistration's keys
     # are its own (read by batchlab-report); any other group file sets keys of its group
     prefix = "" if where == "_global_" or group in (None, "preregistration") else f"{group}."
-    return sorted(set(leaf_keys(values, prefix)))
+    keys = list(leaf_keys(values, prefix))
+    if group == "preregistration":  # a secondary family's keys are the file's own (endpoint, contrasts[].a, ...)
+        keys = [key.removeprefix("secondary.") for key in keys] + ["secondary"] * any(
+            key.startswith("secondary.") for key in keys)
+    return sorted(set(keys))
 
 
 def test_the_page_is_current(sections):
@@ -86,7 +90,7 @@ def test_every_key_under_conf_is_documented():
                                    f"target key), then {FIX}")
     # the walk reaches every kind of file: group files, train.yaml, _global_ presets, nested values, preregistrations
     assert {"strategy.fit", "eval.every_tokens", "topology.peer_timeout_s", "target.rope_parameters.rope_theta",
-            "contrasts[].margin", "group"} <= seen
+            "contrasts[].margin", "group", "secondary", "combine"} <= seen
 
 
 def test_every_schema_field_has_an_attribute_docstring(sections):

@@ -152,6 +152,7 @@ def run_metrics(sweep: Sweep, target_loss: float | None = None) -> pd.DataFrame:
             "loss_normaliser": loss_normaliser(run), "lr": run.get("optim.lr", math.nan),
             "data_fingerprint": run.get("data_fingerprint", ""),  # which data (the preregistration names one)
             "target": run.get("target", ""),  # which target model (the trainer's summary names it)
+            "machine": run.get("machine", ""),  # what it ran on (CPU model and cores, the accelerator): timings differ
             # "cached": the target's features were read from the cache, so tokens/s times the drafter's step alone
             "target_features": run.get("trainer.target_features", "online") or "online",
             "clipped_pct": 100.0 * averages["clip_fraction"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -16,3 +17,9 @@ def cpu_model() -> str:
     except OSError:
         pass
     return model
+
+
+def machine_name(accelerator: str | None = None) -> str:
+    """What a run's record names its machine by: the CPU model and core count, then the accelerator it used."""
+    name = f"{cpu_model()}, {os.cpu_count()} cores"
+    return f"{name}, {accelerator}" if accelerator else name

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from harness.machine import machine_name
 from harness.models.drafter_loss import DrafterLoss
 from harness.train.batch import TrainingBatch
 from harness.train.config import CheckpointConfig, EvalConfig, TrainerConfig
@@ -147,7 +148,8 @@ class Trainer:
             interrupted=self.stop_requested and not self.cadence.done(state),
             wall_time=time.perf_counter() - wall_started,
             seen_at_most_once=self.consumed.at_most_once(),
-            extra={**self.source.summary(), "torch_threads": torch.get_num_threads()},  # this rank's CPU threads
+            extra={**self.source.summary(), "torch_threads": torch.get_num_threads(),  # this rank's CPU threads
+                   "machine": machine_name(_accelerator(self.model.device))},
             run_dir=self.run_dir if self.env.is_main else None)
         self.logger.summary(summary)
         where = self.logger.locations()
@@ -347,6 +349,10 @@ class Trainer:
             progress.update(record.real_tokens)
             progress.set_postfix(loss=f"{record.loss:.3f}", tau=f"{record.tau:.2f}",
                                  tok_s=f"{record.tokens_per_second:.0f}", refresh=False)
+
+
+def _accelerator(device: torch.device) -> str | None:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def _peak_memory_mb(device: torch.device) -> float:

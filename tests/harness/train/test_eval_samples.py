@@ -46,6 +46,14 @@ def test_each_held_out_sample_and_prompt_sums_to_the_pooled_metrics(tmp_path, ba
     per_sample_loss = {s["sample"]: s["weighted_ce_sum"] / s["weight_sum"]
                        for s in lines if s["kind"] == "sample" and s["step"] == evals[-1]["step"] and s["weight_sum"]}
     assert len(set(round(v, 6) for v in per_sample_loss.values())) > 1  # per sample, not a pooled copy
+    # the run names its machine, and the sweep's runs.csv carries it (timings are comparable on one machine only)
+    from analysis.compare import run_metrics
+    from analysis.load import load_sweeps
+    from harness.machine import cpu_model, machine_name
+
+    summary = json.loads((path.parent / "summary.json").read_text())
+    assert summary["machine"] == machine_name() and summary["machine"].startswith(cpu_model())
+    assert list(run_metrics(load_sweeps([tmp_path]))["machine"]) == [summary["machine"]]
 
 
 def test_per_sample_evaluation_can_be_switched_off(tmp_path, batchlab_cache):

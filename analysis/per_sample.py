@@ -20,6 +20,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,6 +30,9 @@ import pandas as pd
 EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 #: the intervals' confidence level
 LEVEL = 0.95
+#: the report's table of every run's final held-out samples (what a study commits beside its runs.csv)
+SAMPLES_CSV = "heldout_samples.csv.gz"
+SAMPLE_COLUMNS = ["strategy", "seed", "sample", "weighted_ce_sum", "weight_sum"]
 
 
 def final_samples(run_dir: str | Path) -> pd.DataFrame | None:
@@ -152,10 +156,48 @@ def sample_contrast(per_run: pd.DataFrame, a: str, b: str, samples: dict[tuple[s
     return SampleContrast(a, b, seeds, int(weights.size), crossed, share)
 
 
-def sample_sentences(per_run: pd.DataFrame, contrasts: list[tuple[str, str]]) -> list[str]:
-    """One sentence per planned contrast the runs can answer per sample (none when they wrote no per-sample lines)."""
+def samples_table(samples: dict[tuple[str, int], pd.DataFrame | None]) -> pd.DataFrame | None:
+    """:func:`run_samples` as one table (:data:`SAMPLE_COLUMNS`); None when no run wrote per-sample lines."""
+    frames = [frame.assign(strategy=strategy, seed=seed) for (strategy, seed), frame in samples.items()
+              if frame is not None]
+    return pd.concat(frames, ignore_index=True)[SAMPLE_COLUMNS] if frames else None
+
+
+def samples_from_table(table: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame]:
+    """A :func:`samples_table` read back into :func:`run_samples`' form."""
+    return {(str(strategy), int(seed)): group[SAMPLE_COLUMNS[2:]].sort_values("sample").reset_index(drop=True)
+            for (strategy, seed), group in table.groupby(["strategy", "seed"])}
+
+
+def read_samples_table(path: str | Path) -> dict[tuple[str, int], pd.DataFrame]:
+    """A committed :data:`SAMPLES_CSV`, by ``(strategy, seed)``."""
+    return samples_from_table(pd.read_csv(path, float_precision="round_trip"))
+
+
+def crossed_lines(per_run: pd.DataFrame, plan: Any,
+                  samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> list[str]:
+    """The planned contrasts' intervals over seeds and documents (on the confirmatory seeds where the runs hold
+    them, as the verdicts), a heading first; none when the runs wrote no per-sample lines."""
+    from analysis.planned import INTERVALS
+
+    samples = run_samples(per_run) if samples is None else samples
+    confirmatory = {s for (_, s) in samples} & set(plan.confirmatory_seeds)
+    if confirmatory:
+        samples = {key: frame for key, frame in samples.items() if key[1] in confirmatory}
+    lines = sample_sentences(per_run, [(c.a, c.b) for c in plan.contrasts], samples)
+    if not lines:
+        return []
+    return [f"The same contrasts with the held-out documents treated as a sample too (secondary: the verdicts above "
+            f"are decided {INTERVALS[plan.interval]}, as the preregistration declares; analysis/per_sample.py):", "",
+            *(f"- {line}" for line in lines)]
+
+
+def sample_sentences(per_run: pd.DataFrame, contrasts: list[tuple[str, str]],
+                     samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> list[str]:
+    """One sentence per planned contrast the runs can answer per sample (none when they wrote no per-sample lines);
+    ``samples``: their :func:`run_samples` (read from the runs' directories when not given)."""
     sentences = []
-    samples = run_samples(per_run)
+    samples = run_samples(per_run) if samples is None else samples
     for a, b in contrasts:
         result = sample_contrast(per_run, a, b, samples=samples)
         if result is None:

@@ -106,23 +106,20 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     it (:mod:`analysis.agreement`) after the answer."""
     out_dir = Path(out_dir)
     per_run = run_metrics(sweep, target_loss)
-    planned, planned_section = [], ""
+    planned, planned_section, samples = [], "", None
     if plan is not None:
         from analysis.agreement import with_agreement
-        from analysis.planned import INTERVALS, planned_frame, planned_markdown, planned_results
+        from analysis.planned import planned_frame, planned_markdown, planned_results
 
         planned = planned_results(per_run, plan)
         answer = with_agreement(answer or (), planned, reference)
         planned_section = planned_markdown(planned, plan, plan_source)
-        from analysis.per_sample import sample_sentences
+        from analysis.per_sample import SAMPLES_CSV, crossed_lines, run_samples, samples_table
 
-        with_paths = per_run.merge(sweep.runs[["run", "path"]], on="run", how="left")
-        crossed = sample_sentences(with_paths, [(c.a, c.b) for c in plan.contrasts])
+        samples = run_samples(per_run.merge(sweep.runs[["run", "path"]], on="run", how="left"))
+        crossed = crossed_lines(per_run, plan, samples)
         if crossed:  # the runs wrote eval_samples.jsonl: the same effects, documents treated as sampled too
-            planned_section += ("\nThe same contrasts with the held-out documents treated as a sample too (secondary: "
-                                f"the verdicts above are decided {INTERVALS[plan.interval]}, as the preregistration "
-                                "declares; analysis/per_sample.py):\n\n"
-                                + "\n".join(f"- {line}" for line in crossed) + "\n")
+            planned_section += "\n" + "\n".join(crossed) + "\n"
         if plan.secondary is not None:
             from analysis.planned import secondary_lines
 
@@ -135,6 +132,9 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
             frames.append(planned_frame(secondary_results).assign(endpoint=plan.secondary.endpoint))
         pd.concat(frames, ignore_index=True).to_csv(out_dir / "planned.csv", index=False)
         (out_dir / "planned.md").write_text(planned_section)
+        held_out = samples_table(samples)
+        if held_out is not None:  # what a study commits beside runs.csv: its crossed intervals recomputed from it
+            held_out.to_csv(out_dir / SAMPLES_CSV, index=False)
     table = strategy_table(per_run)
     timing = timing_check(per_run)
     table["tokens_per_second_cv"] = table["strategy"].map(timing.cv)
@@ -155,7 +155,7 @@ def build_report(sweep: Sweep, out_dir: str | Path, target_loss: float | None = 
     report = Report(out_dir, per_run, table, comparisons, timing, sentences + stats_sentences, paths)
     report.planned = planned
     report.summary = write_summary(read_runs_csv(out_dir / "runs.csv"), out_dir / "summary.md", plan, plan_source,
-                                   answer or ())
+                                   answer or (), samples=samples)
     facts = sweep_facts(sweep, per_run)
     formatted = format_table(table, timing)
     notes = table_notes(per_run, table, timing)

@@ -57,16 +57,23 @@ def read_runs_csv(path: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, float_precision="round_trip")
 
 
-def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = "", answer: Sequence[str] = ()) -> str:
+def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = "", answer: Sequence[str] = (),
+                     samples: dict[Any, Any] | None = None) -> str:
     """The block of the module docstring, from the per-run frame (the columns of ``runs.csv``); with ``plan`` (an
     :class:`analysis.planned.Preregistration`) it opens with one sentence per planned contrast: effect, interval,
     verdict and design-time power, followed by ``answer`` (:func:`analysis.answer.answer_lines`: the throughput each strategy
-    buys and the mechanism's parts, from their stored tables)."""
+    buys and the mechanism's parts, from their stored tables); with ``samples`` (the runs' final held-out samples,
+    :mod:`analysis.per_sample`) each planned contrast's interval over seeds and documents follows its verdict."""
     opening: list[str] = []
     if plan is not None:
         from analysis.planned import planned_results, secondary_lines, verdict_lines
 
         opening = [*verdict_lines(planned_results(runs, plan), plan, plan_source), ""]
+        if samples:
+            from analysis.per_sample import crossed_lines
+
+            crossed = crossed_lines(runs, plan, samples)
+            opening += [*crossed, ""] if crossed else []
         if plan.secondary is not None:
             opening += [*secondary_lines(planned_results(runs, plan.secondary), plan, plan_source), ""]
     opening += list(answer)
@@ -120,8 +127,8 @@ def summary_markdown(runs: pd.DataFrame, plan: Any = None, plan_source: str = ""
 
 
 def write_summary(runs: pd.DataFrame, path: str | Path, plan: Any = None, plan_source: str = "",
-                  answer: Sequence[str] = ()) -> Path:
+                  answer: Sequence[str] = (), samples: dict[Any, Any] | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(summary_markdown(runs, plan, plan_source, answer))
+    path.write_text(summary_markdown(runs, plan, plan_source, answer, samples))
     return path

@@ -114,3 +114,28 @@ def test_no_per_sample_lines_no_sentence_and_another_held_out_plan_is_refused(tm
         sample_contrast(pd.DataFrame(rows), "packed", "sorted")
     no_file = pd.DataFrame([{**row, "path": str(tmp_path / "nowhere")} for row in rows])
     assert sample_sentences(no_file, [("packed", "sorted")]) == []
+
+
+def test_the_samples_table_round_trips_through_its_csv_and_gives_the_same_intervals(tmp_path):
+    from analysis.per_sample import SAMPLES_CSV, crossed_lines, read_samples_table, run_samples, samples_table
+    from analysis.planned import Contrast, Preregistration
+
+    rng = np.random.default_rng(4)
+    weights = rng.uniform(1, 5, 30)
+    rows = [_run(tmp_path, strategy, seed, weights * rng.uniform(1, 3, 30), weights)
+            for seed in (0, 1, 2, 7, 8, 9) for strategy in ("packed", "sorted")]
+    per_run = pd.DataFrame(rows)
+    samples = run_samples(per_run)
+    samples_table(samples).to_csv(tmp_path / SAMPLES_CSV, index=False)
+    back = read_samples_table(tmp_path / SAMPLES_CSV)
+    assert back.keys() == samples.keys() and all(back[key].equals(samples[key]) for key in samples)  # bit for bit
+    plan = Preregistration("final_eval_loss", "lower", 0.05, (Contrast("packed", "sorted", "superiority"),),
+                           pilot_seeds=(0, 1, 2), confirmatory_seeds=(7, 8, 9))
+    lines = crossed_lines(per_run, plan, back)
+    assert lines == crossed_lines(per_run, plan)  # from the run directories: the same
+    assert lines[0].startswith("The same contrasts with the held-out documents treated as a sample too (secondary: "
+                               "the verdicts above are decided by the paired t over seeds")
+    confirmatory = per_run[per_run["seed"] >= 7]
+    expected = sample_contrast(confirmatory, "packed", "sorted")
+    assert lines[2].startswith(f"- packed vs sorted: held-out loss {expected.effect:+.3f}; 95% interval over the 3 seeds")
+    assert crossed_lines(per_run, plan, {}) == []  # no per-sample lines: nothing said

@@ -383,6 +383,13 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert "How the endpoints combine (declared with them): loss decides; τ agrees or is reported beside it" in \
         planned_md
     frame = frame[frame["endpoint"] == "final_eval_loss"]
+    # the runs' final held-out samples, committed beside runs.csv by a study, give summary.md the same intervals
+    from analysis.per_sample import SAMPLES_CSV, crossed_lines, read_samples_table
+    from analysis.planned import load_preregistration
+
+    crossed = crossed_lines(read_runs_csv(out / "runs.csv"), load_preregistration(plan), read_samples_table(
+        out / SAMPLES_CSV))
+    assert crossed and "\n".join(crossed) in (out / "summary.md").read_text() and crossed[2] in planned_md
     assert list(frame["contrast"]) == [f"{strategies[0]} vs {strategies[1]}", f"{strategies[0]} vs {strategies[-1]}"]
     assert all(v in printed for v in frame["verdict"])
     assert not {"power", "needs_seeds"} & set(frame.columns)  # never the power at the effect these runs found

@@ -76,8 +76,7 @@ demo-amended: $(STAMP)
 	$(VENV)/bin/batchlab-train -m experiment=strategies 'hydra.sweeper.params.seed=$${batchlab_seeds:strategies_amended/confirmatory}' \
 	  hydra.sweep.dir=multirun/strategies_amended
 	$(VENV)/bin/batchlab-report multirun/strategies_amended --out outputs/amended-report \
-	  --preregistration conf/preregistration/strategies_amended.yaml \
-	  --throughput-rounds docs/demo/throughput_rounds.csv --mechanism-runs docs/demo/ablation_normaliser_runs.csv
+	  --preregistration conf/preregistration/strategies_amended.yaml
 	@echo "report: $(CURDIR)/outputs/amended-report/report.html"
 
 # The pilot that sized the main job (its seeds, never reused): the same runs on the pilot's seeds, then its report,

@@ -130,7 +130,8 @@ def run_samples(per_run: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame | N
             else None for row in per_run.itertuples(index=False)}
 
 
-def sample_contrast(per_run: pd.DataFrame, a: str, b: str, samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> SampleContrast | None:
+def sample_contrast(per_run: pd.DataFrame, a: str, b: str,
+                    samples: dict[tuple[str, int], pd.DataFrame | None] | None = None) -> SampleContrast | None:
     """``per_run``: one row per run with ``strategy``, ``seed`` and ``path`` (its directory); ``samples``: their
     :func:`run_samples`, when already read. None when a run of the pair lacks per-sample lines or the two
     strategies share fewer than two seeds."""

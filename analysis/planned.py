@@ -187,8 +187,8 @@ def _family(path: Path, raw: dict[str, Any]) -> Preregistration:
         raise ValueError(f"{path}: {len(confirmatory)} confirmatory seeds over the seed_budget of {budget}")
     interval = raw.get("interval", "seeds")
     if interval not in INTERVALS:
-        raise ValueError(f"{path}: interval={interval!r}: choose one of {sorted(INTERVALS)} (which interval decides the "
-                         "verdicts; deciding on the interval over seeds and documents is not built, and it is "
+        raise ValueError(f"{path}: interval={interval!r}: choose one of {sorted(INTERVALS)} (which interval decides "
+                         "the verdicts; deciding on the interval over seeds and documents is not built, and it is "
                          "reported beside the verdicts either way)")
     exploratory = raw.get("exploratory") or ""
     if not isinstance(exploratory, str):

@@ -137,5 +137,6 @@ def test_the_samples_table_round_trips_through_its_csv_and_gives_the_same_interv
                                "the verdicts above are decided by the paired t over seeds")
     confirmatory = per_run[per_run["seed"] >= 7]
     expected = sample_contrast(confirmatory, "packed", "sorted")
-    assert lines[2].startswith(f"- packed vs sorted: held-out loss {expected.effect:+.3f}; 95% interval over the 3 seeds")
+    assert lines[2].startswith(f"- packed vs sorted: held-out loss {expected.effect:+.3f}; 95% interval over the 3 "
+                               "seeds")
     assert crossed_lines(per_run, plan, {}) == []  # no per-sample lines: nothing said

@@ -400,8 +400,8 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert all(f"<strong>{v}</strong>" in page for v in frame["verdict"]) and "**" not in page
     # the secondary per-sample lines (the runs wrote eval_samples.jsonl): the same effect as the primary test's
     for contrast, effect in zip(frame["contrast"], frame["mean_difference"]):
-        assert f"- {contrast}: held-out loss {effect:+.3f}; 95% interval over the " in (out / "planned.md").read_text(), \
-            contrast
+        planned_text = (out / "planned.md").read_text()
+        assert f"- {contrast}: held-out loss {effect:+.3f}; 95% interval over the " in planned_text, contrast
     assert "(secondary: the verdicts above are decided by the paired t over seeds" in (out / "planned.md").read_text()
     summary = (out / "summary.md").read_text()  # the README's block opens with the same verdicts
     assert summary.startswith("Planned contrasts (pre-registered in") and all(v in summary for v in frame["verdict"])

@@ -78,6 +78,28 @@ def test_the_readmes_design_power_is_the_results_pages_own():
             assert shown == design[study][contrast], (contrast, study, cell)
 
 
+def test_the_readmes_amended_table_is_its_pages_own_numbers():
+    """The README's table for the amended design (fresh seeds, τ real declared): each cell's verdict and interval is
+    the primary's or the secondary's sentence in docs/results/amended.md's pasted block."""
+    page = REPO / "docs" / "results" / "amended.md"
+    block = page.read_text().split("<!-- summary.md of make", 1)[1].split("<!-- end of summary.md -->", 1)[0]
+    primary = _planned_lines(page)
+    secondary_part = block.split("Secondary endpoint (declared in", 1)[1].split("\n\n", 2)[1]
+    secondary = {line[2:].split(" (", 1)[0]: line for line in secondary_part.splitlines() if line.startswith("- ")}
+    rows = _readme_tables()[2][2:]
+    assert len(rows) == len(primary) == len(secondary) == 4
+    for row in rows:
+        contrast, *cells = [cell.strip() for cell in row.strip("|").split("|")]
+        contrast = contrast.split(" (", 1)[0]
+        for lines, endpoint, cell in zip((primary, secondary), ("final_eval_loss", "final_eval_tau_real"), cells,
+                                         strict=True):
+            verdict, target = re.match(r"\[\*\*(.+?)\*\*\]\((.+?)\)", cell).groups()
+            assert REPO / target == page, (contrast, target)
+            line = lines[contrast]
+            assert f"**{verdict}**" in line and cell.split(": ", 1)[1] in line.replace(f"{endpoint} ", ""), \
+                (contrast, endpoint, cell)
+
+
 def test_the_readmes_links_resolve():
     readme = (REPO / "README.md").read_text()
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)

@@ -411,6 +411,28 @@ def test_the_planned_contrasts_open_the_report_of_a_sweep(sweep_dir, tmp_path, c
     assert "no run of ['fastest']" in capsys.readouterr().err and not (tmp_path / "refused").exists()
 
 
+def test_the_amended_designs_block_is_its_reports_own_output():
+    """docs/results/amended.md's block is summary.md of make demo-amended, re-rendered from its committed runs.csv and
+    final held-out samples: both endpoints' verdicts, and each contrast's interval over seeds and documents."""
+    from analysis.per_sample import read_samples_table
+    from analysis.planned import load_preregistration
+
+    page = (support.REPO / "docs" / "results" / "amended.md").read_text()
+    start, end = "<!-- summary.md of make demo-amended (docs/demo/amended_runs.csv) -->\n", "<!-- end of summary.md -->"
+    assert start in page and end in page, "the amended page's block markers are missing"
+    block = page.split(start, 1)[1].split(end, 1)[0]
+    source = "conf/preregistration/strategies_amended.yaml"
+    assert "--preregistration " + source in (support.REPO / "Makefile").read_text()
+    plan = load_preregistration(support.REPO / source)
+    runs = read_runs_csv(support.REPO / "docs" / "demo" / "amended_runs.csv")
+    assert sorted(runs["seed"].unique()) == sorted(plan.confirmatory_seeds)
+    assert set(runs["data_fingerprint"]) == {plan.artefact}
+    samples = read_samples_table(support.REPO / "docs" / "demo" / "amended_heldout_samples.csv.gz")
+    assert {seed for _, seed in samples} == set(plan.confirmatory_seeds)
+    assert block.strip() == summary_markdown(runs, plan, source, samples=samples).strip()
+    assert "Secondary endpoint (declared in" in block and "seeds and the 228 documents" in block
+
+
 def test_the_results_own_lr_block_is_the_reports_own_output():
     """benchmarks/RESULTS.md's secondary comparison (sorted and packed each at its own best lr) is summary.md
     re-rendered from its stored runs.csv, whose runs ran at the lrs the lr sweep chose for each."""

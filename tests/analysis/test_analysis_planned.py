@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from harness.cli.report import main
+from support.preregistration import plan_file, refusal
 from analysis.planned import (
     Contrast,
     Design,
@@ -180,23 +181,6 @@ def test_superiority_power_is_statsmodels_where_it_is_finite_and_near_one_where_
 # ------------------------------------------------------------------ the preregistration file, field by field
 KEYS_TEXT = ("['alpha', 'artefact', 'better', 'combine', 'confirmatory_seeds', 'contrasts', 'endpoint', 'exploratory', "
              "'interval', 'margin_rationale', 'pilot_runs', 'pilot_seeds', 'secondary', 'seed_budget']")
-MINIMAL = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": [{"a": "x", "b": "y", "kind": "superiority"}]}
-
-
-def plan_file(tmp_path: Path, **fields) -> Path:
-    """A preregistration file of :data:`MINIMAL` with ``fields`` set (a field set to ``...`` is left out)."""
-    declared = {key: value for key, value in {**MINIMAL, **fields}.items() if value is not ...}
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(declared, allow_unicode=True))
-    return path
-
-
-def refusal(path: Path) -> str:
-    with pytest.raises(ValueError) as excinfo:
-        load_preregistration(path)
-    return str(excinfo.value)
-
-
 def test_a_minimal_preregistration_takes_the_defaults(tmp_path):
     """Only endpoint, better and one superiority contrast: α 0.05, no seeds, no rationale (none needed without an
     equivalence), no artefact to check, no seed budget."""

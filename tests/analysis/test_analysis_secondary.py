@@ -9,30 +9,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from analysis.planned import load_preregistration, planned_results
 from analysis.summary import read_runs_csv, summary_markdown
+from support.preregistration import plan_file, refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 AMENDED = ROOT / "conf" / "preregistration" / "strategies_amended.yaml"
 PILOT = ROOT / "docs" / "demo" / "pilot_runs.csv"
 SUPERIORITY = [{"a": "x", "b": "y", "kind": "superiority"}]
-BASE = {"endpoint": "final_eval_loss", "better": "lower", "contrasts": SUPERIORITY}
-
-
-def plan_file(tmp_path: Path, **fields) -> Path:
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump({**BASE, **fields}, allow_unicode=True))
-    return path
-
-
-def refusal(path: Path) -> str:
-    with pytest.raises(ValueError) as excinfo:
-        load_preregistration(path)
-    return str(excinfo.value)
 
 
 def test_the_secondary_family_takes_the_files_seeds_alpha_and_pilot_and_its_own_contrasts(tmp_path):

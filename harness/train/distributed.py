@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.train.rank_server import SERVER_FLAG, restore_signals
+from harness.train.rank_server import SERVER_FLAG, fork_server, restore_signals
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,15 @@ def init_process_group(env: RankEnv, device: str, timeout_s: int) -> None:
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def prepare_ranks(nproc: int, device: str) -> bool:
+    """Before the launcher does any work: the server a CPU job's ranks fork from, forked from this process
+    (:func:`harness.train.rank_server.fork_server`); True when it started one. Nothing for one rank, an external
+    launch or CUDA (whose ranks fork from a fresh interpreter that never touched the driver)."""
+    if nproc <= 1 or external_launch_env() is not None or torch.device(device).type != "cpu":
+        return False
+    return fork_server(RANK_PRELOAD)
 
 
 def launch(worker: Callable[..., Any], args: tuple, nproc: int, run_id: str) -> Any:

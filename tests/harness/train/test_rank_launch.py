@@ -1,13 +1,17 @@
-"""The ranks of a multi-rank job fork from a preloaded forkserver (harness/train/distributed.py): each takes the
-launcher's environment of its own launch, and the stop signals the server ignores are the rank's defaults again."""
+"""The ranks of a multi-rank job fork from a server (harness/train/rank_server.py), forked from the launcher on CPU:
+each takes the launcher's environment of its own launch, and the stop signals the server ignores are the rank's
+defaults again."""
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import os
 import signal
 
-from harness.train.distributed import RANK_PRELOAD, in_launch_environment
-from harness.train.rank_server import STOP_SIGNALS, restore_signals
+import pytest
+
+from harness.train.distributed import RANK_PRELOAD, in_launch_environment, prepare_ranks
+from harness.train.rank_server import FORK_SWITCH, STOP_SIGNALS, restore_signals
 
 
 def test_a_forked_rank_takes_the_launchers_environment_of_this_launch():
@@ -53,3 +57,59 @@ def test_only_the_server_ignores_the_stop_signals():
     env.pop("BATCHLAB_RANK_SERVER")
     other = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert server.stdout.split() == ["True", "False"] and other.stdout.split() == ["False", "False"]
+
+
+def _probe(switch: str) -> tuple[dict, str]:
+    """tests/support/rank_server_probe.py under ``BATCHLAB_FORK_RANK_SERVER=switch``: (its report, its stdout)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = Path(__file__).resolve().parents[2] / "support" / "rank_server_probe.py"
+    env = {**os.environ, FORK_SWITCH: switch}
+    env.pop("PYTHONUNBUFFERED", None)  # its stdout buffered, as a launcher's piped to a file is
+    done = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.rsplit("|", 1)[1]), done.stdout
+
+
+def _gone(pid: int, within_s: float = 10) -> bool:
+    import time
+
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_forked_server_starts_ranks_with_the_launchers_memory_and_a_clean_slate():
+    found, stdout = _probe("1")
+    assert found["started"] is True and found["again"] is False  # one server a launcher: the second call starts none
+    assert found["exitcode"] == 0 and found["parent"] == found["server"]  # the rank forked from that server
+    assert found["marks"] == ["set before the server started"]  # this process's state, not re-imported
+    assert found["log_handlers"] == 0  # the launcher's (Hydra's) handlers are not the ranks'
+    assert found["sigterm_ignored"] is True  # the server's, which a rank restores (in_launch_environment)
+    assert found["server_lock_free"] is True  # a rank can start a server of its own
+    assert stdout.count("buffered before the fork") == 1
+    assert _gone(found["server"])  # it ends with its launcher
+
+
+def test_the_switch_leaves_the_ranks_to_multiprocessings_own_server():
+    found, _ = _probe("0")
+    assert found["started"] is False and found["exitcode"] == 0
+    assert found["marks"] == []  # a fresh interpreter: nothing of the launcher's memory
+
+
+@pytest.mark.parametrize("nproc, device, environment", [(1, "cpu", {}), (2, "cuda", {}),
+                                                        (2, "cpu", {"WORLD_SIZE": "2", "RANK": "0"})])
+def test_no_server_is_forked_for_one_rank_for_cuda_or_under_an_external_launcher(monkeypatch, nproc, device,
+                                                                                   environment):
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    assert prepare_ranks(nproc, device) is False
+    assert multiprocessing.forkserver._forkserver._forkserver_pid is None

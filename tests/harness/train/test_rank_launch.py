@@ -4,7 +4,6 @@ defaults again."""
 
 from __future__ import annotations
 
-import multiprocessing.forkserver
 import os
 import signal
 
@@ -105,11 +104,18 @@ def test_the_switch_leaves_the_ranks_to_multiprocessings_own_server():
     assert found["marks"] == []  # a fresh interpreter: nothing of the launcher's memory
 
 
-@pytest.mark.parametrize("nproc, device, environment", [(1, "cpu", {}), (2, "cuda", {}),
-                                                        (2, "cpu", {"WORLD_SIZE": "2", "RANK": "0"})])
-def test_no_server_is_forked_for_one_rank_for_cuda_or_under_an_external_launcher(monkeypatch, nproc, device,
-                                                                                   environment):
+@pytest.mark.parametrize("nproc, device, environment, forks", [
+    (2, "cpu", {}, True), (1, "cpu", {}, False), (2, "cuda", {}, False),
+    (2, "cpu", {"WORLD_SIZE": "2", "RANK": "0"}, False)])
+def test_a_server_is_forked_for_cpu_ranks_only_never_for_one_rank_cuda_or_an_external_launcher(
+        monkeypatch, nproc, device, environment, forks):
+    from harness.train import distributed
+
+    for key in ("WORLD_SIZE", "RANK", "SUBMITIT_EXECUTOR", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
     for key, value in environment.items():
         monkeypatch.setenv(key, value)
-    assert prepare_ranks(nproc, device) is False
-    assert multiprocessing.forkserver._forkserver._forkserver_pid is None
+    asked = []  # what prepare_ranks would fork a server with (none is forked here)
+    monkeypatch.setattr(distributed, "fork_server", lambda preload: asked.append(preload) or True)
+    assert prepare_ranks(nproc, device) is forks
+    assert asked == ([RANK_PRELOAD] if forks else [])

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from results_file import cpu_model, write_section  # noqa: E402
+from results_file import cpu_model, median_table, write_section  # noqa: E402
 
 TITLE = "## Ending a command's process: batchlab-train without the interpreter's teardown (CPU)"
 ARGS = ["experiment=smoke", "trainer.nproc=1", "trainer.num_workers=0", "logger=none", "trainer.progress=false",
@@ -63,9 +63,7 @@ def main() -> None:
         f"Command: `python benchmarks/process_exit.py --rounds {args.rounds} --write`. Machine: {cpu_model()}, "
         f"{os.cpu_count()} cores. Date: {datetime.date.today().isoformat()}. The smoke run "
         f"(`{' '.join(ARGS)}`), cache warm, each run a fresh process; rounds interleave the variants.", "",
-        "| variant | median wall s | runs (s) |", "|---|---:|---|",
-        *(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |"
-          for name, values in times.items()),
+        *median_table("variant", times),
         "",
         f"Ending the process with `os._exit` after the exit hooks saves {slow - fast:.2f} s a run "
         f"({(slow - fast) / slow:.1%} of this smoke run's wall time). A sweep pays it once a run, the test suite once "

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from results_file import cpu_model, write_section  # noqa: E402
+from results_file import cpu_model, median_table, write_section  # noqa: E402
 
 TITLE = "## The ranks' server: forked from the launcher, or a fresh interpreter (CPU)"
 ARGS = ["experiment=smoke", "trainer.nproc=2", "logger=none", "trainer.progress=false", "strategy=packed"]
@@ -70,9 +70,7 @@ def main() -> None:
         f"{os.cpu_count()} cores. Date: {datetime.date.today().isoformat()}. The smoke run "
         f"(`{' '.join(ARGS)}`), cache warm, each run a fresh process; rounds interleave the variants. Every run's "
         f"held-out loss was the same ({losses.pop()!r}).", "",
-        "| ranks' server | median wall s | runs (s) |", "|---|---:|---|",
-        *(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |"
-          for name, values in times.items()),
+        *median_table("ranks' server", times),
         "",
         f"Forking the server from the launcher saves {fresh - forked:.2f} s a run ({(fresh - forked) / fresh:.1%} of "
         "this smoke run's wall time): the server no longer imports torch, transformers' model code and the rank's own "

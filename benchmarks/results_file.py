@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import statistics
 from pathlib import Path
 
 RESULTS_PATH = Path(__file__).resolve().parent / "RESULTS.md"
@@ -20,6 +21,13 @@ def write_section(section: str, title: str, path: Path = RESULTS_PATH) -> None:
         tail = "".join(lines[end:])
         new_text = "".join(lines[:start]) + section + ("\n" + tail if tail else "")
     path.write_text(new_text)
+
+
+def median_table(label: str, times: dict[str, list[float]]) -> list[str]:
+    """Markdown rows: each variant (first column headed ``label``) with its median wall time and every run's."""
+    return [f"| {label} | median wall s | runs (s) |", "|---|---:|---|",
+            *(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |"
+              for name, values in times.items())]
 
 
 def cpu_model() -> str:

@@ -91,6 +91,7 @@ def _launcher_rank() -> int:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     from harness.command_errors import full_errors
+    from harness.train.distributed import prepare_ranks
     from harness.train.launch.run import (
         BadInput,
         RankFailed,
@@ -100,8 +101,6 @@ def main(cfg: DictConfig) -> float | None:
         run,
     )
     from harness.train.launch.run_log import RUN_LOG, copied_to
-
-    from harness.train.distributed import prepare_ranks
 
     hydra_config = HydraConfig.get()
     run_dir = hydra_config.runtime.output_dir

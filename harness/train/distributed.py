@@ -166,8 +166,9 @@ def destroy_process_group() -> None:
 def prepare_ranks(nproc: int, device: str) -> bool:
     """Before the launcher does any work: the server a CPU job's ranks fork from, forked from this process
     (:func:`harness.train.rank_server.fork_server`); True when it started one. Nothing for one rank, an external
-    launch or CUDA (whose ranks fork from a fresh interpreter that never touched the driver)."""
-    if nproc <= 1 or external_launch_env() is not None or torch.device(device).type != "cpu":
+    launch or CUDA (whose ranks fork from a fresh interpreter that never touched the driver). ``device`` is not
+    checked here: a bad one is refused later, in one line, with the rest of the config."""
+    if nproc <= 1 or device != "cpu" or external_launch_env() is not None:
         return False
     return fork_server(RANK_PRELOAD)
 

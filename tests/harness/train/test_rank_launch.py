@@ -105,9 +105,9 @@ def test_the_switch_leaves_the_ranks_to_multiprocessings_own_server():
 
 
 @pytest.mark.parametrize("nproc, device, environment, forks", [
-    (2, "cpu", {}, True), (1, "cpu", {}, False), (2, "cuda", {}, False),
+    (2, "cpu", {}, True), (1, "cpu", {}, False), (2, "cuda", {}, False), (2, "tpu", {}, False),
     (2, "cpu", {"WORLD_SIZE": "2", "RANK": "0"}, False)])
-def test_a_server_is_forked_for_cpu_ranks_only_never_for_one_rank_cuda_or_an_external_launcher(
+def test_a_server_is_forked_for_cpu_ranks_only_never_for_one_rank_cuda_a_bad_device_or_an_external_launcher(
         monkeypatch, nproc, device, environment, forks):
     from harness.train import distributed
 

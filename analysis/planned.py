@@ -179,7 +179,7 @@ def _family(path: Path, raw: dict[str, Any]) -> Preregistration:
     artefact = raw.get("artefact") or ""
     if not isinstance(artefact, str):
         raise ValueError(f"{path}: artefact={artefact!r}: give the data fingerprint the design was declared on "
-                         "(harness/data/bundled/manifest.json's fingerprint), or leave it out")
+                         "(its manifest.json's fingerprint under harness/data/bundled/), or leave it out")
     budget = raw.get("seed_budget")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 2):
         raise ValueError(f"{path}: seed_budget={budget!r}: give the most confirmatory seeds the budget holds (>= 2)")
@@ -195,7 +195,8 @@ def _family(path: Path, raw: dict[str, Any]) -> Preregistration:
         raise ValueError(f"{path}: exploratory={exploratory!r}: say in words why the contrasts are exploratory, or "
                          "leave it out (a confirmatory test)")
     pilot_runs = raw.get("pilot_runs") or ""
-    differences = _pilot_differences(path, pilot_runs, str(raw["endpoint"]), pilot, contrasts) if pilot_runs else ()
+    differences = (_pilot_differences(path, pilot_runs, str(raw["endpoint"]), pilot, contrasts, artefact)
+                   if pilot_runs else ())
     return Preregistration(str(raw["endpoint"]), raw["better"], float(alpha), tuple(contrasts), pilot, confirmatory,
                            str(raw.get("margin_rationale") or ""), artefact, budget, pilot_runs, differences,
                            " ".join(exploratory.split()), interval)
@@ -214,9 +215,10 @@ def _pilot_file(path: Path, pilot_runs: str) -> Path:
 
 
 def _pilot_differences(path: Path, pilot_runs: Any, endpoint: str, pilot_seeds: tuple[int, ...],
-                       contrasts: list[Contrast]) -> tuple[tuple[float, ...], ...]:
+                       contrasts: list[Contrast], artefact: str = "") -> tuple[tuple[float, ...], ...]:
     """Each contrast's A − B on ``endpoint`` at every pilot seed, from the pilot's runs (``pilot_runs``); a
-    ValueError names the file, the field and the fix where they cannot size the design."""
+    ValueError names the file, the field and the fix where they cannot size the design, or where the pilot trained
+    on other data than the declared ``artefact`` (a design sized on other bytes than the ones it tests)."""
     if not isinstance(pilot_runs, str):
         raise ValueError(f"{path}: pilot_runs={pilot_runs!r}: give the pilot's runs.csv as a path relative to the "
                          "repository root, e.g. docs/demo/pilot_runs.csv")
@@ -225,6 +227,15 @@ def _pilot_differences(path: Path, pilot_runs: Any, endpoint: str, pilot_seeds: 
     if missing:
         raise ValueError(f"{path}: pilot_runs {pilot_runs} has no column {missing}: give the pilot's runs.csv "
                          "(batchlab-report's, of the declared design)")
+    if artefact:
+        if "data_fingerprint" not in runs.columns:
+            raise ValueError(f"{path}: pilot_runs {pilot_runs} has no data_fingerprint column, so nothing shows that "
+                             f"the pilot trained on the declared data {artefact[:12]} (artefact): give the pilot's "
+                             "runs.csv as batchlab-report writes it")
+        other = sorted({str(f)[:12] for f in runs["data_fingerprint"] if str(f) != artefact})
+        if other:
+            raise ValueError(f"{path}: pilot_runs {pilot_runs} trained on the data {', '.join(other)}, the design is "
+                             f"declared on {artefact[:12]} (artefact): size it from a pilot on the declared data")
     seeds = sorted(int(s) for s in runs["seed"].unique())
     if seeds != sorted(pilot_seeds):
         raise ValueError(f"{path}: pilot_runs {pilot_runs} holds seeds {seeds}, pilot_seeds declares "

@@ -15,6 +15,10 @@ listed too: the secondary comparison of the main job (each strategy at its own b
     python benchmarks/lr_sweep.py --lrs 1e-2,2e-2,4e-2   # another grid
     python benchmarks/lr_sweep.py --runs-dir DIR         # keep the runs (and reuse them when rerun)
     python benchmarks/lr_sweep.py --experiment study_real --write   # the real-model study's lr (its own section)
+    python benchmarks/lr_sweep.py --runs-csv FILE        # every run's validation numbers, to recompute the choice
+
+The committed ``--runs-csv`` files (``docs/*/lr_sweep_runs.csv``) are what tests recompute each chosen lr from
+(:func:`chosen_lr` over :func:`mean_losses`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,33 @@ def chosen_lr(mean_loss: dict[float, float]) -> tuple[float, bool]:
     return best, lrs[0] < best < lrs[-1]
 
 
+#: the columns of --runs-csv: one row per run of the sweep
+RUN_COLUMNS = ("experiment", "lr", "strategy", "seed", "eval_loss", "eval_tau_real", "clip_fraction", "data_fingerprint")
+
+
+def mean_losses(rows: list[dict]) -> dict[float, float]:
+    """The mean validation loss of each learning rate: over the seeds of each strategy, then over the strategies (the
+    table's second column)."""
+    by_lr: dict[float, dict[str, list[float]]] = {}
+    for row in rows:
+        by_lr.setdefault(float(row["lr"]), {}).setdefault(row["strategy"], []).append(float(row["eval_loss"]))
+    return {lr: statistics.mean(statistics.mean(losses) for losses in strategies.values())
+            for lr, strategies in by_lr.items()}
+
+
+def write_runs_csv(path: Path, experiment: str, results: dict[tuple[float, str, int], dict]) -> None:
+    """Every run's validation numbers (:data:`RUN_COLUMNS`), in the sweep's order of lr, strategy, seed."""
+    import csv
+
+    with Path(path).open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=RUN_COLUMNS)
+        writer.writeheader()
+        for (lr, strategy, seed), summary in sorted(results.items()):
+            writer.writerow({"experiment": experiment, "lr": repr(lr), "strategy": strategy, "seed": seed,
+                             **{key: (repr(summary[key]) if isinstance(summary[key], float) else summary[key])
+                                for key in RUN_COLUMNS[4:]}})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", default="strategies",
@@ -66,6 +97,9 @@ def main() -> None:
                         help="an extra override for every run (repeatable), e.g. trainer.target_features=online to "
                              "extend a grid whose runs computed the target online (the same training: the cache is "
                              "tested to train exactly as the online target)")
+    parser.add_argument("--runs-csv", type=Path, default=None,
+                        help="also write every run's validation numbers here (commit it: tests recompute the chosen "
+                             "lr from it)")
     parser.add_argument("--write", action="store_true", help="rewrite this benchmark's section of RESULTS.md")
     args = parser.parse_args()
 
@@ -99,7 +133,8 @@ def main() -> None:
     def mean(lr: float, strategy: str, key: str) -> float:
         return statistics.mean(results[lr, strategy, seed][key] for seed in seeds)
 
-    mean_loss = {lr: statistics.mean(mean(lr, s, "eval_loss") for s in strategies) for lr in lrs}
+    mean_loss = mean_losses([{"lr": lr, "strategy": strategy, "eval_loss": summary["eval_loss"]}
+                             for (lr, strategy, _), summary in results.items()])
     chosen, inside = chosen_lr(mean_loss)
     own_best = {s: chosen_lr({lr: mean(lr, s, "eval_loss") for lr in lrs}) for s in strategies}
     lines = ["| lr | mean validation loss | " + " | ".join(strategies) + " |", "|---|---|" + "---|" * len(strategies)]
@@ -129,6 +164,9 @@ def main() -> None:
         f"every strategy: {verdict}. Each strategy's own best: {own}.\n\n" + "\n".join(lines) + "\n"
     )
     print(section)
+    if args.runs_csv is not None:
+        write_runs_csv(args.runs_csv, args.experiment, results)
+        section += f"\nEvery run's numbers: `{args.runs_csv}` (tests recompute the chosen lr from it).\n"
     if args.write:
         write_section(section, title)
 

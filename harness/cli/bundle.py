@@ -1,4 +1,4 @@
-"""``make bundle``: build the embedded default's shipped artefact (the tiny target and its regenerated completions).
+"""``make bundle``, ``make study-data``: build a shipped artefact (the embedded default's, or the real study's data).
 
 The main job reads its target and data from ``harness/data/bundled/`` (:mod:`harness.data.bundled`) so that every
 machine trains its drafters on the same bytes. This command is how those bytes were made, and how to make them again:
@@ -10,6 +10,10 @@ completions of every prompt; about 4 minutes on 2 cores), copies the checkpoint 
     python -m harness.cli.bundle            # build into the cache and say what would change
     python -m harness.cli.bundle --write    # replace harness/data/bundled/ (then commit it, and rerun the main job)
     python -m harness.cli.bundle --out DIR  # write the artefact elsewhere
+
+``--artefact sharegpt-smollm2`` builds the real-model study's data instead (``data=sharegpt target=smollm2``: ShareGPT
+V3's conversations, every assistant turn regenerated greedily by SmolLM2-135M-Instruct, about 10 minutes on 2 cores)
+into ``harness/data/bundled/sharegpt_smollm2/``.
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ from pathlib import Path
 from harness.cli.process_exit import exits_fast
 from harness.command_errors import OneLineParser, one_line_errors
 from harness.data import bundled
-from harness.train.launch.bundle import build_bundle
+from harness.train.launch.bundle import build_bundle, build_study_data
+
+#: each artefact, with the function that builds it
+BUILDERS = {bundled.EMBEDDED.source: (bundled.EMBEDDED, build_bundle),
+            bundled.SHAREGPT_SMOLLM2.source: (bundled.SHAREGPT_SMOLLM2, build_study_data)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="python -m harness.cli.bundle", description=__doc__.splitlines()[0])
+    parser.add_argument("--artefact", choices=sorted(BUILDERS), default=bundled.EMBEDDED.source,
+                        help="which artefact: the embedded default's target and data (default), or the real-model "
+                             "study's data")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--write", action="store_true", help=f"replace the shipped artefact ({bundled.ROOT})")
+    where.add_argument("--write", action="store_true",
+                       help="replace the shipped artefact (under harness/data/bundled/)")
     where.add_argument("--out", type=Path, help="write the artefact to this directory instead")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe (key=value)")
     return parser
@@ -40,16 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bundle(args: argparse.Namespace) -> int:
-    shipped = bundled.ROOT / bundled.MANIFEST_FILE
-    before = bundled.read_manifest()["fingerprint"] if shipped.is_file() else None
+    artefact, build = BUILDERS[args.artefact]
+    shipped = artefact.root / bundled.MANIFEST_FILE
+    before = artefact.read_manifest()["fingerprint"] if shipped.is_file() else None
     if args.write or args.out:
-        out = bundled.ROOT if args.write else args.out
-        manifest = build_bundle(out, args.overrides)
+        out = artefact.root if args.write else args.out
+        manifest = build(out, args.overrides)
         print(f"bundle: wrote {out} ({len(manifest['files'])} files, fingerprint {manifest['fingerprint'][:12]}, "
               f"rows {manifest['rows']})")
     else:
         with tempfile.TemporaryDirectory() as scratch:
-            manifest = build_bundle(Path(scratch) / "bundled", args.overrides)
+            manifest = build(Path(scratch) / "artefact", args.overrides)
         same = "the same" if before == manifest["fingerprint"] else "different: --write replaces it"
         print(f"bundle: built fingerprint {manifest['fingerprint'][:12]} (rows {manifest['rows']}); shipped: "
               f"{before[:12] if before else 'none'} ({same})")

@@ -30,11 +30,13 @@ class DataConfig:
     """What to load and how to split it (one attribute docstring per field)."""
 
     source: str = STDLIB_SOURCE
-    """What to load: ``stdlib``, ``stdlib-chat``, ``bundled``, a ``save_to_disk`` directory, a .parquet or .jsonl file.
+    """What to load: ``stdlib``, ``stdlib-chat``, a shipped artefact, a ``save_to_disk`` directory, a .parquet or .jsonl.
 
     ``stdlib`` is the embedded corpus (this interpreter's standard library, split into top-level functions and
-    classes); ``stdlib-chat`` the same definitions as conversations (:mod:`harness.data.chat.corpus`); a file or
-    directory has an ``input_ids`` column (and optionally ``loss_mask``), or conversations or text (``format``).
+    classes); ``stdlib-chat`` the same definitions as conversations (:mod:`harness.data.chat.corpus`); ``bundled``
+    and ``sharegpt-smollm2`` the main job's and the real-model study's data as shipped (:mod:`harness.data.bundled`);
+    a file or directory has an ``input_ids`` column (and optionally ``loss_mask``), or conversations or text
+    (``format``).
     """
     split: str | None = None
     """Split of a saved ``DatasetDict`` (not needed when it has a single split)."""

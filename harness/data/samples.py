@@ -153,6 +153,8 @@ def load_samples(
 
     if cfg.source == bundled.BUNDLED:
         return _bundled_samples(cfg, corpus_root, corpus_files)
+    if cfg.source == bundled.SHAREGPT_SMOLLM2.source:
+        return _shipped_study_samples(cfg, corpus_root, corpus_files)
     if cfg.is_stdlib:
         if cfg.split is not None:
             raise DataValidationError(
@@ -220,6 +222,33 @@ def _bundled_samples(cfg: DataConfig, corpus_root: str | None, corpus_files: Seq
                             fingerprint=manifest["fingerprint"],
                             tokenizer_path=str(bundled.target_dir() / bundled.TOKENIZER_FILE),
                             vocab_size=int(manifest["vocab_size"]))
+
+
+def _shipped_study_samples(cfg: DataConfig, corpus_root: str | None,
+                           corpus_files: Sequence[str] | None) -> TokenizedSamples:
+    """``data.source=sharegpt-smollm2``: the real-model study's data as shipped (:data:`harness.data.bundled.
+    SHAREGPT_SMOLLM2`), checked against its manifest before it is read; cut and subset further when ``data.max_rows``
+    or ``data.max_length`` say so (the test suite's smoke study)."""
+    import datasets
+
+    artefact = bundled.SHAREGPT_SMOLLM2
+    if corpus_root is not None or corpus_files is not None:
+        raise ValueError("corpus_root / corpus_files apply only to data.source='stdlib'")
+    if cfg.split is not None:
+        raise DataValidationError(f"data.split={cfg.split!r} does not apply to data.source={artefact.source!r} (one "
+                                  "split); set data.split to null")
+    manifest = artefact.verify()
+    dataset = datasets.load_from_disk(str(artefact.samples_dir())).select_columns(["input_ids", "loss_mask"])
+    description = (f"{artefact.title} ({manifest['fingerprint'][:12]}): {len(dataset):,} ShareGPT V3 conversations, "
+                   f"every assistant turn {manifest['recipe']['target_file']}'s greedy reply, vocab "
+                   f"{manifest['vocab_size']:,}")
+    samples = TokenizedSamples(dataset=dataset, lengths=_lengths(dataset), source=description,
+                               fingerprint=manifest["fingerprint"], vocab_size=int(manifest["vocab_size"]))
+    if cfg.max_rows is None and cfg.max_length is None:
+        return samples
+    dataset, words, key = cut_subset(samples, cfg)
+    return TokenizedSamples(dataset=dataset, lengths=_lengths(dataset), source=f"{samples.source}; {words}",
+                            fingerprint=key, vocab_size=samples.vocab_size)
 
 
 def heldout_split(num_samples: int, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -254,7 +254,7 @@ def test_a_file_that_is_not_a_mapping_is_refused_listing_the_keys(tmp_path):
     ({"pilot_seeds": [0, 1, 2, 3], "confirmatory_seeds": [3, 9, 1]},
      "seeds [1, 3] are both pilot and confirmatory; a pilot's seeds are never reused"),
     ({"artefact": 123}, "artefact=123: give the data fingerprint the design was declared on "
-                        "(harness/data/bundled/manifest.json's fingerprint), or leave it out"),
+                        "(its manifest.json's fingerprint under harness/data/bundled/), or leave it out"),
     ({"seed_budget": 1}, "seed_budget=1: give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": "3"}, "seed_budget='3': give the most confirmatory seeds the budget holds (>= 2)"),
     ({"seed_budget": True}, "seed_budget=True: give the most confirmatory seeds the budget holds (>= 2)"),
@@ -642,10 +642,14 @@ PILOT_DIFFS = [-0.10, -0.20, -0.02, -0.10]  # a − b at pilot seeds 0-3: mean -
 NEAR_DIFFS = [0.01, -0.02, 0.0, 0.015]  # c − b: mean 0.00125, s.d. ~0.0155, for an equivalence within 0.02
 
 
-def pilot_csv(path: Path, seeds=(0, 1, 2, 3), strategies=("a", "b", "c"), drop=()) -> Path:
+def pilot_csv(path: Path, seeds=(0, 1, 2, 3), strategies=("a", "b", "c"), drop=(), data=None) -> Path:
+    """The pilot's runs.csv; ``data``: a data_fingerprint column, the value of every run or one per run."""
     rows = [{"strategy": s, "seed": seed, "final_eval_loss": 1.0 + {"a": a, "b": 0.0, "c": c}[s]}
             for seed, a, c in zip(seeds, PILOT_DIFFS, NEAR_DIFFS) for s in strategies if (s, seed) not in drop]
-    pd.DataFrame(rows).to_csv(path, index=False)
+    frame = pd.DataFrame(rows)
+    if data is not None:
+        frame["data_fingerprint"] = data if isinstance(data, str) else [data[k % len(data)] for k in range(len(frame))]
+    frame.to_csv(path, index=False)
     return path
 
 
@@ -855,6 +859,21 @@ def test_a_pilot_that_cannot_size_the_design_is_refused_naming_the_file_the_fiel
     path = designed(tmp_path, **fields)
     pilot_csv(tmp_path / "pilot.csv", **pilot)
     assert refusal(path) == f"{path}: {message}"
+
+
+def test_a_pilot_on_other_data_than_the_declared_artefact_is_refused_and_one_on_it_sizes_the_design(tmp_path):
+    """A declared artefact binds the pilot too: a design sized on other bytes than the ones it tests is refused."""
+    path = designed(tmp_path, artefact=DECLARED)
+    pilot_csv(tmp_path / "pilot.csv", data=DECLARED)
+    assert len(load_preregistration(path).pilot_differences) == 2
+    pilot_csv(tmp_path / "pilot.csv", data=(DECLARED, "399f81088cda77"))
+    assert refusal(path) == (f"{path}: pilot_runs pilot.csv trained on the data 399f81088cda, the design is declared "
+                             "on 1e33cfcfa104 (artefact): size it from a pilot on the declared data")
+    pilot_csv(tmp_path / "pilot.csv")
+    assert refusal(path) == (f"{path}: pilot_runs pilot.csv has no data_fingerprint column, so nothing shows that the "
+                             "pilot trained on the declared data 1e33cfcfa104 (artefact): give the pilot's runs.csv as "
+                             "batchlab-report writes it")
+    assert len(load_preregistration(designed(tmp_path)).pilot_differences) == 2  # no artefact declared: not checked
 
 
 def test_seeds_needed_bisects_asking_few_powers():

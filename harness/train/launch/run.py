@@ -36,7 +36,8 @@ from harness.train.distributed import (
     launch,
 )
 from harness.train.launch.compose import epoch_data_config, features_config, rank_config, target_spec
-from harness.train.launch.inputs import preparing, with_bundled_target, with_regenerated_completions
+from harness.train.launch.inputs import (check_shipped_data_target, preparing, with_bundled_target,
+                                         with_regenerated_completions)
 from harness.train.launch.run_log import RUN_LOG, copied_to
 from harness.train.loop.epoch_data import select_rows
 from harness.train.loop.metrics import write_json_atomic
@@ -334,6 +335,7 @@ def prepared_config(config_dict: dict[str, Any]) -> dict[str, Any]:
     checkpoint's tokenizer for conversations, the vocabulary of the data's tokenizer); builds nothing. Idempotent;
     bad input raises :class:`BadInput`."""
     try:
+        check_shipped_data_target(config_dict)  # the target as configured (bundled, not its directory)
         config_dict = with_bundled_target(config_dict)
         config = run_config_from_dict(config_dict)  # fail here, before any process starts
         placement_kind(config.topology.name)  # a registered placement

@@ -806,7 +806,8 @@ def test_the_fields_read_from_the_file_are_its_keys_and_the_pilots_differences_a
 
 
 def test_the_committed_plans_read_their_pilots_and_a_relative_pilot_is_found_above_the_plan(tmp_path, monkeypatch):
-    for name, pilot in (("strategies", "docs/demo/pilot_runs.csv"), ("study_real", "docs/study-real/pilot_runs.csv")):
+    for name, pilot in (("strategies", "docs/demo/pilot_runs.csv"), ("study_real", "docs/study-real/pilot_runs.csv"),
+                        ("study_real_amended", "docs/study-real/amended_pilot_runs.csv")):
         plan = load_preregistration(ROOT / "conf" / "preregistration" / f"{name}.yaml")
         frame = pd.read_csv(ROOT / pilot)
         assert plan.pilot_runs == pilot and len(plan.pilot_differences) == len(plan.contrasts)

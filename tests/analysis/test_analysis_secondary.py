@@ -116,3 +116,40 @@ def test_the_amended_design_follows_from_its_pilot_and_runs_on_fresh_seeds():
     assert (plan.contrasts, plan.alpha, plan.artefact) == (first.contrasts, first.alpha, first.artefact)
     makefile = (ROOT / "Makefile").read_text()
     assert "${batchlab_seeds:strategies_amended/confirmatory}" in makefile.replace("$$", "$")
+
+
+def test_the_real_studys_amended_design_names_its_shipped_data_follows_from_its_pilot_and_takes_fresh_seeds():
+    """The real-model study amended: declared on the shipped data's fingerprint, sized from a pilot on those very
+    bytes (a pilot on other data is refused when the file is read), each δ under a quarter of the pilot's gap on its
+    endpoint, each contrast's need at 80% power stated, and confirmatory seeds no earlier run of the study used."""
+    import json
+    import re
+
+    path = ROOT / "conf" / "preregistration" / "study_real_amended.yaml"
+    plan = load_preregistration(path)
+    shipped = json.loads((ROOT / "harness/data/bundled/sharegpt_smollm2/manifest.json").read_text())["fingerprint"]
+    pilot = pd.read_csv(ROOT / plan.pilot_runs)
+    assert plan.artefact == shipped and set(pilot["data_fingerprint"]) == {shipped}
+    text = " ".join(path.read_text().replace("#", " ").split())
+    for family, gap in ((plan, "sorted - shuffle"), (plan.secondary, "shuffle - sorted")):
+        means = pilot.groupby("strategy")[family.endpoint].mean()
+        first, second = gap.split(" - ")
+        difference = means[first] - means[second]
+        (equivalence,) = [c for c in family.contrasts if c.kind == "equivalence"]
+        assert 0 < equivalence.margin <= difference / 4, family.endpoint
+        assert f"({difference:.{3 if family is plan else 4}f} " in family.margin_rationale
+        for result in planned_results(pilot, family):
+            need = "more than 1000" if result.design.needed is None else str(result.design.needed)
+            assert re.search(rf"{result.contrast.a} vs {result.contrast.b}(’s|'s equivalence)? {need} \(", text), \
+                (family.endpoint, result.contrast.name, need)
+            assert f"{result.design.power:.2f}" in text
+    first = load_preregistration(ROOT / "conf" / "preregistration" / "study_real.yaml")
+    used = {*first.pilot_seeds, *first.confirmatory_seeds, *plan.pilot_seeds, 200, 201}  # 200-201: the lr sweep's
+    assert not set(plan.confirmatory_seeds) & used and len(plan.confirmatory_seeds) == plan.seed_budget
+    assert (plan.contrasts[:3], plan.alpha) == (first.contrasts[:3], first.alpha)
+    assert plan.combine.startswith(load_preregistration(AMENDED).combine)  # the main job's rule, unchanged
+    makefile = (ROOT / "Makefile").read_text().replace("$$", "$")
+    assert "${batchlab_seeds:study_real_amended/confirmatory}" in makefile
+    assert "--preregistration conf/preregistration/study_real_amended.yaml" in makefile
+    pilot_line = re.search(r"experiment=study_real seed=([\d,]+)", makefile).group(1)  # make study-pilot's seeds
+    assert sorted(int(s) for s in pilot_line.split(",")) == sorted(plan.pilot_seeds)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from harness.train.config import run_config_from_dict

@@ -7,6 +7,8 @@ import csv
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from lr_sweep import RUN_COLUMNS, chosen_lr, mean_losses, write_runs_csv  # noqa: E402
@@ -41,23 +43,27 @@ def test_the_runs_file_holds_every_run_and_recomputes_the_choice(tmp_path):
     assert chosen_lr(mean_losses(read)) == (1e-3, True)
 
 
-def test_the_real_studys_lr_is_recomputed_from_its_committed_sweep_on_its_shipped_data():
-    """docs/study-real/lr_sweep_runs.csv (benchmarks/lr_sweep.py --experiment study_real --runs-csv): every run on the
-    shipped data's validation rows, and the lr experiment=study_real trains with is the one they choose."""
+@pytest.mark.parametrize(("runs", "experiment", "artefact"), [
+    ("docs/demo/lr_sweep_runs.csv", "strategies", "harness/data/bundled/manifest.json"),
+    ("docs/study-real/lr_sweep_runs.csv", "study_real", "harness/data/bundled/sharegpt_smollm2/manifest.json"),
+])
+def test_each_configured_lr_is_recomputed_from_its_committed_sweep_on_the_shipped_data(runs, experiment, artefact):
+    """The committed sweeps (benchmarks/lr_sweep.py --runs-csv): every run on the shipped data's validation rows, a
+    full grid on the tuning seeds, and the lr the experiment trains with is the one they choose, inside the grid."""
+    import json
+
     import yaml
 
-    from harness.data import bundled
-
     repo = Path(__file__).resolve().parents[2]
-    with (repo / "docs" / "study-real" / "lr_sweep_runs.csv").open() as rows:
+    with (repo / runs).open() as rows:
         read = list(csv.DictReader(rows))
-    assert {r["experiment"] for r in read} == {"study_real"}
-    assert {r["data_fingerprint"] for r in read} == {bundled.SHAREGPT_SMOLLM2.read_manifest()["fingerprint"]}
+    assert {r["experiment"] for r in read} == {experiment}
+    assert {r["data_fingerprint"] for r in read} == {json.loads((repo / artefact).read_text())["fingerprint"]}
     cells = {(float(r["lr"]), r["strategy"], int(r["seed"])) for r in read}
     lrs, strategies, seeds = ({cell[k] for cell in cells} for k in range(3))
     assert len(cells) == len(read) == len(lrs) * len(strategies) * len(seeds)  # a full grid, each run once
     assert strategies == {"sorted", "packed"} and seeds == {200, 201}  # the tuning seeds: no pilot or confirmatory one
     chosen, inside = chosen_lr(mean_losses(read))
     assert inside  # a worse lr on each side
-    configured = yaml.safe_load((repo / "conf" / "experiment" / "study_real.yaml").read_text())["optim"]["lr"]
+    configured = yaml.safe_load((repo / "conf" / "experiment" / f"{experiment}.yaml").read_text())["optim"]["lr"]
     assert chosen == configured

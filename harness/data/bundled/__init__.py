@@ -134,8 +134,3 @@ def read_manifest(root: Path = ROOT) -> dict[str, Any]:
 def verify(root: Path = ROOT) -> dict[str, Any]:
     """The embedded default's :meth:`Artefact.verify` (read from ``root``)."""
     return EMBEDDED.at(root).verify()
-
-
-def write_manifest(root: Path, record: dict[str, Any]) -> dict[str, Any]:
-    """The embedded default's :meth:`Artefact.write_manifest` (written under ``root``)."""
-    return EMBEDDED.at(root).write_manifest(record)

@@ -11,7 +11,7 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +41,11 @@ def build_bundle(out: Path, overrides: Sequence[str] = (), progress: bool = True
     built = with_regenerated_completions(recipe_dict)
     target, completions = Path(built["target"]["pretrained"]), Path(built["data"]["source"])
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    def fill(tmp: Path) -> dict[str, Any]:
         rows = _copy_artefact(tmp, target, completions)
-        record = _record(recipe_dict, config, corpus, overrides, rows, target, completions)
-        manifest = bundled.write_manifest(tmp, record)
-        _replace(out, tmp)
-        return manifest
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return _record(recipe_dict, config, corpus, overrides, rows, target, completions)
+
+    return _written(bundled.EMBEDDED, out, fill)
 
 
 def _copy_artefact(tmp: Path, target: Path, completions: Path) -> int:
@@ -88,14 +81,24 @@ def build_study_data(out: Path, overrides: Sequence[str] = (), progress: bool = 
     built = recorded_config(recipe_dict)  # the GGUF's tokenizer named, then the replies regenerated
     completions = Path(built["data"]["source"])
     config = run_config_from_dict(built)
+
+    def fill(tmp: Path) -> dict[str, Any]:
+        rows = _copy_samples(tmp, completions)
+        vocab_size = checkpoint_vocab_size(recipe_dict["target"]["pretrained"])  # the GGUF's: the ids' range
+        return _study_record(recipe_dict, config, overrides, rows, vocab_size, completions)
+
+    return _written(bundled.SHAREGPT_SMOLLM2, out, fill)
+
+
+def _written(artefact: bundled.Artefact, out: Path, fill: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``artefact`` written to ``out`` atomically: ``fill`` copies its parts into a sibling temporary folder and
+    returns the manifest's record, the manifest is written there, and the folder is renamed over ``out`` (removed
+    instead when anything fails). Returns the manifest."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        rows = _copy_samples(tmp, completions)
-        vocab_size = checkpoint_vocab_size(recipe_dict["target"]["pretrained"])  # the GGUF's: the ids' range
-        record = _study_record(recipe_dict, config, overrides, rows, vocab_size, completions)
-        manifest = bundled.SHAREGPT_SMOLLM2.at(tmp).write_manifest(record)
+        manifest = artefact.at(tmp).write_manifest(fill(tmp))
         _replace(out, tmp)
         return manifest
     except BaseException:
